@@ -1,0 +1,87 @@
+"""The `MediaStore` protocol and the two user-supplied callables stores accept."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol, runtime_checkable
+
+from ._context import EMPTY_CONTEXT, MediaContext
+from ._uri import parse_media_uri
+
+KeyStrategy = Callable[[str, MediaContext], str]
+"""Maps a media URI and its context to a backend key (a relative path on disk, an object key on S3)."""
+
+PublicUrlResolver = Callable[[str, MediaContext], 'str | None | Awaitable[str | None]']
+"""Turns a media URI into a URL a model can fetch, or `None`. May be sync or async."""
+
+
+@runtime_checkable
+class MediaStore(Protocol):
+    """An async, content-addressed blob store.
+
+    `put` returns the canonical `media+sha256://` URI of the bytes; callers never choose keys, and
+    storing the same bytes twice stores them once. `get` and `get_metadata` raise
+    `FileNotFoundError` for a URI that was never stored and `ValueError` for a malformed one.
+    """
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str: ...
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes: ...
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool: ...
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None: ...
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str]: ...
+
+
+def default_key_strategy(uri: str, context: MediaContext) -> str:
+    """The default backend key: `<sha256>.bin` (the context is ignored)."""
+    del context
+    return parse_media_uri(uri) + '.bin'
+
+
+def make_static_public_url(base_url: str, *, key_prefix: str = '', extension: str = '.bin') -> PublicUrlResolver:
+    """A resolver for media served under one base URL, e.g. a public bucket or a CDN.
+
+    `https://cdn.example/` with `key_prefix='media/'` maps a URI to
+    `https://cdn.example/media/<sha256>.bin`.
+    """
+    base = base_url[:-1] if base_url.endswith('/') else base_url
+
+    def resolve(uri: str, context: MediaContext) -> str:
+        del context
+        return f'{base}/{key_prefix}{parse_media_uri(uri)}{extension}'
+
+    return resolve
+
+
+async def resolve_public_url(resolver: PublicUrlResolver | None, uri: str, context: MediaContext) -> str | None:
+    """Run a sync or async resolver; a store without one has no public URL."""
+    if resolver is None:
+        return None
+    parse_media_uri(uri)
+    result = resolver(uri, context)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def encode_metadata(metadata: Mapping[str, str]) -> str:
+    """Serialize metadata for stores that keep it as JSON text (one format for all of them)."""
+    return json.dumps(dict(metadata), ensure_ascii=False, separators=(',', ':'))
+
+
+def decode_metadata(raw: object) -> dict[str, str]:
+    """Parse stored metadata, insisting on a JSON object of strings to strings."""
+    value: object = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    if not isinstance(value, dict):
+        raise ValueError(f'metadata payload must be a JSON object, got {type(value).__name__}')
+    result: dict[str, str] = {}
+    for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise ValueError(f'metadata entries must map str to str, got {key!r}: {item!r}')
+        result[key] = item
+    return result
