@@ -11,20 +11,36 @@ import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
+EXTRAS = {'pymongo': 'mongodb', 'asyncpg': 'postgres'}
+"""Driver module -> the extra that installs it, for error messages."""
 
-def lazy_loader(package: str, targets: Mapping[str, str]) -> Callable[[str], Any]:
-    """Return a module `__getattr__` resolving each name in `targets` from its submodule."""
+
+def lazy_loader(package: str, targets: Mapping[str, tuple[str, str | None]]) -> Callable[[str], Any]:
+    """Return a module `__getattr__` resolving each name from `(submodule, driver or None)`."""
 
     def __getattr__(name: str) -> Any:
-        module_name = targets.get(name)
-        if module_name is None:
+        target = targets.get(name)
+        if target is None:
             raise AttributeError(f'module {package!r} has no attribute {name!r}')
+        module_name, driver = target
+        if driver is not None and not installed(driver):
+            raise ImportError(
+                f'{name} needs the {driver!r} driver: pip install "pydantic-ai-steps[{EXTRAS.get(driver, driver)}]"'
+            )
         module = importlib.import_module(module_name, package)
         return getattr(module, name)
 
     return __getattr__
 
 
-def installed(distribution_module: str) -> bool:
-    """Whether an optional driver can be imported (used to keep star imports working)."""
-    return importlib.util.find_spec(distribution_module) is not None
+def star_exports(package: str, targets: Mapping[str, tuple[str, str | None]]) -> list[str]:
+    """The lazy names a star import can load here: shipped, and with their driver installed."""
+    return [
+        name
+        for name, (module_name, driver) in targets.items()
+        if importlib.util.find_spec(module_name, package) is not None and (driver is None or installed(driver))
+    ]
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None

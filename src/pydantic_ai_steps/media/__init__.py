@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import installed, lazy_loader
+from .._lazy import lazy_loader, star_exports
 from ._context import MediaContext
 from ._protocol import (
     KeyStrategy,
@@ -28,31 +28,24 @@ if TYPE_CHECKING:
     from .stores.sqlite import SqliteMediaStore
 
 _LAZY = {
-    'DiskMediaStore': '.stores.disk',
-    'SqliteMediaStore': '.stores.sqlite',
-    'S3MediaStore': '.stores.s3',
-    'MongoMediaStore': '.stores.mongo',
-    'PostgresMediaStore': '.stores.postgres',
-    'externalize_media': '._walker',
-    'restore_media': '._walker',
+    'DiskMediaStore': ('.stores.disk', None),
+    'SqliteMediaStore': ('.stores.sqlite', None),
+    'S3MediaStore': ('.stores.s3', None),
+    'MongoMediaStore': ('.stores.mongo', 'pymongo'),
+    'PostgresMediaStore': ('.stores.postgres', None),
+    'externalize_media': ('._walker', None),
+    'restore_media': ('._walker', None),
 }
 __getattr__ = lazy_loader(__name__, _LAZY)
 
 __all__ = [
-    'DiskMediaStore',
     'KeyStrategy',
     'MediaContext',
     'MediaStore',
-    'PostgresMediaStore',
     'PublicUrlResolver',
-    'S3MediaStore',
-    'SqliteMediaStore',
     'default_key_strategy',
-    'externalize_media',
     'make_static_public_url',
     'media_uri_for',
     'parse_media_uri',
-    'restore_media',
 ]
-if installed('pymongo'):
-    __all__ += ['MongoMediaStore']
+__all__ += star_exports(__name__, _LAZY)

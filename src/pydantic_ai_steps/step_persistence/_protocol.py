@@ -1,0 +1,48 @@
+"""The `StepStore` protocol: what the capability needs from a backend."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ._records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+
+
+@runtime_checkable
+class StepStore(Protocol):
+    """An async store of runs, events, snapshots and tool effects.
+
+    The contract every shipped store meets, and `pydantic_ai_steps.testing.step_store` checks:
+
+    - `register_run` raises `RunAlreadyExistsError` (a `ValueError`) for a run id already stored.
+    - `list_runs` filters by equality (both filters AND-ed) and sorts by `started_at`, oldest first.
+    - `append_event` and `save_snapshot` apply a non-null `idempotency_key` at most once per run,
+      even after the snapshot it named was pruned.
+    - `latest_snapshot` returns the newest `complete` snapshot, or the newest of any state with
+      `include_interrupted=True`; `None` when there is none.
+    - `record_tool_effect` upserts by `(run_id, tool_call_id)`; the last write wins.
+    - Readers skip a damaged record with a logged warning instead of raising.
+    """
+
+    async def register_run(self, record: RunRecord) -> None: ...
+
+    async def get_run(self, *, run_id: str) -> RunRecord | None: ...
+
+    async def list_runs(
+        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+    ) -> list[RunRecord]: ...
+
+    async def append_event(self, event: StepEvent) -> None: ...
+
+    async def list_events(self, *, run_id: str) -> list[StepEvent]: ...
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None: ...
+
+    async def latest_snapshot(
+        self, *, run_id: str, include_interrupted: bool = False
+    ) -> ContinuableSnapshot | None: ...
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None: ...
+
+    async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None: ...
+
+    async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]: ...
