@@ -1,0 +1,417 @@
+"""The `StepStore` contract as reusable tests.
+
+Subclass `StepStoreConformance` in your test suite and provide a `make_store` fixture: a
+callable that takes store options (`max_snapshots_per_run=`) and returns a store. Two calls in
+one test must return stores over the *same* storage when your store persists (set
+`persistent = True`), so the suite can check that a reopened store sees what was written::
+
+    import pytest
+    from pydantic_ai_steps.testing.step_store import StepStoreConformance
+
+
+    class TestMyStore(StepStoreConformance):
+        persistent = True
+
+        @pytest.fixture
+        def make_store(self, tmp_path):
+            return lambda **options: MyStore(tmp_path / 'db', **options)
+
+Tests are async (`@pytest.mark.anyio`); the suite declares the `anyio_backend` it runs on.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    SystemPromptPart,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+from ..step_persistence import (
+    ContinuableSnapshot,
+    RunAlreadyExistsError,
+    RunRecord,
+    StepEvent,
+    StepStore,
+    ToolEffectRecord,
+)
+
+StoreFactory = Callable[..., StepStore]
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+_ids = itertools.count()
+
+
+def new_run_id(prefix: str = 'run') -> str:
+    return f'{prefix}-{next(_ids)}'
+
+
+def dump(messages: list[ModelMessage]) -> bytes:
+    return ModelMessagesTypeAdapter.dump_json(messages)
+
+
+def tool_cycle(call_id: str = 'c1', prompt: str = 'hi') -> list[ModelMessage]:
+    """A settled history: prompt, tool call, tool return."""
+    return [
+        ModelRequest(parts=[UserPromptPart(prompt, timestamp=T0)], timestamp=T0),
+        ModelResponse(parts=[ToolCallPart('lookup', {'q': prompt}, tool_call_id=call_id)], timestamp=T0),
+        ModelRequest(parts=[ToolReturnPart('lookup', 'found', tool_call_id=call_id, timestamp=T0)], timestamp=T0),
+    ]
+
+
+def snapshot(run_id: str, messages: list[ModelMessage], **fields: Any) -> ContinuableSnapshot:
+    fields.setdefault('step_index', 1)
+    return ContinuableSnapshot(run_id=run_id, messages=messages, **fields)
+
+
+class StepStoreConformance:
+    """Every behaviour the capability and the helpers rely on, for any `StepStore`."""
+
+    persistent: ClassVar[bool] = False
+    """Set in a subclass whose `make_store` returns stores over shared, durable storage."""
+
+    @pytest.fixture
+    def anyio_backend(self) -> str:
+        return 'asyncio'
+
+    @pytest.fixture
+    def make_store(self) -> StoreFactory:  # pragma: no cover - subclasses provide it
+        raise NotImplementedError('provide a make_store fixture returning a StepStore factory')
+
+    @pytest.fixture
+    def store(self, make_store: StoreFactory) -> StepStore:
+        return make_store()
+
+    # --- runs -------------------------------------------------------------------------------
+
+    @pytest.mark.anyio
+    async def test_is_a_step_store(self, store: StepStore) -> None:
+        assert isinstance(store, StepStore)
+
+    @pytest.mark.anyio
+    async def test_register_and_get_run(self, store: StepStore) -> None:
+        record = RunRecord(
+            run_id=new_run_id(),
+            conversation_id='conv',
+            parent_run_id='parent',
+            agent_name='librarian',
+            metadata={'team': 'docs', 'ünï': 'çødé'},
+            started_at=T0,
+            registration_id='reg-1',
+        )
+        await store.register_run(record)
+        assert await store.get_run(run_id=record.run_id) == record
+        assert await store.get_run(run_id=new_run_id('unknown')) is None
+
+    @pytest.mark.anyio
+    async def test_duplicate_registration_raises_and_keeps_original(self, store: StepStore) -> None:
+        run_id = new_run_id()
+        original = RunRecord(run_id=run_id, agent_name='first', started_at=T0, registration_id='a')
+        await store.register_run(original)
+        with pytest.raises(RunAlreadyExistsError, match=run_id):
+            await store.register_run(RunRecord(run_id=run_id, agent_name='second', registration_id='b'))
+        with pytest.raises(ValueError, match='already in the store'):
+            await store.register_run(RunRecord(run_id=run_id))
+        assert await store.get_run(run_id=run_id) == original
+
+    @pytest.mark.anyio
+    async def test_list_runs_filters_and_sorts_by_start(self, store: StepStore) -> None:
+        conv, parent = new_run_id('conv'), new_run_id('parent')
+        late = RunRecord(run_id=new_run_id(), conversation_id=conv, started_at=T0 + timedelta(seconds=2))
+        early = RunRecord(run_id=new_run_id(), conversation_id=conv, parent_run_id=parent, started_at=T0)
+        other = RunRecord(run_id=new_run_id(), parent_run_id=parent, started_at=T0 + timedelta(seconds=1))
+        for record in (late, early, other):
+            await store.register_run(record)
+        assert [r.run_id for r in await store.list_runs(conversation_id=conv)] == [early.run_id, late.run_id]
+        assert [r.run_id for r in await store.list_runs(parent_run_id=parent)] == [early.run_id, other.run_id]
+        both = await store.list_runs(conversation_id=conv, parent_run_id=parent)
+        assert [r.run_id for r in both] == [early.run_id]
+        everything = [r.run_id for r in await store.list_runs()]
+        assert everything.index(early.run_id) < everything.index(other.run_id) < everything.index(late.run_id)
+        assert await store.list_runs(conversation_id=new_run_id('nobody')) == []
+
+    # --- events -----------------------------------------------------------------------------
+
+    @pytest.mark.anyio
+    async def test_events_keep_append_order_and_fields(self, store: StepStore) -> None:
+        run_id = new_run_id()
+        await store.register_run(RunRecord(run_id=run_id))
+        events = [
+            StepEvent(run_id=run_id, kind='run_started', step_index=0, timestamp=T0, metadata={'k': 'v'}),
+            StepEvent(
+                run_id=run_id,
+                kind='tool_call_failed',
+                step_index=1,
+                timestamp=T0,
+                conversation_id='conv',
+                parent_run_id='p',
+                agent_name='a',
+                tool_call_id='c1',
+                tool_name='t',
+                error="RuntimeError('boom')",
+                idempotency_key='1:1:tool_call_failed:c1',
+            ),
+            StepEvent(run_id=run_id, kind='run_failed', step_index=1, timestamp=T0 + timedelta(seconds=1)),
+        ]
+        for event in events:
+            await store.append_event(event)
+        assert await store.list_events(run_id=run_id) == events
+        assert await store.list_events(run_id=new_run_id('unknown')) == []
+
+    @pytest.mark.anyio
+    async def test_event_idempotency_key_applies_once_per_run(self, store: StepStore) -> None:
+        run_id, other = new_run_id(), new_run_id()
+        first = StepEvent(run_id=run_id, kind='run_started', step_index=0, idempotency_key='0:0:run_started:')
+        await store.append_event(first)
+        await store.append_event(copy.copy(first))
+        await store.append_event(StepEvent(run_id=other, kind='run_started', step_index=0, idempotency_key='0:0:run_started:'))
+        await store.append_event(StepEvent(run_id=run_id, kind='run_completed', step_index=0))
+        await store.append_event(StepEvent(run_id=run_id, kind='run_completed', step_index=0))
+        assert [e.kind for e in await store.list_events(run_id=run_id)] == ['run_started', 'run_completed', 'run_completed']
+        assert len(await store.list_events(run_id=other)) == 1
+
+    # --- snapshots --------------------------------------------------------------------------
+
+    @pytest.mark.anyio
+    async def test_latest_snapshot_prefers_complete(self, store: StepStore) -> None:
+        run_id = new_run_id()
+        assert await store.latest_snapshot(run_id=run_id) is None
+        settled = tool_cycle()
+        await store.save_snapshot(snapshot(run_id, settled, conversation_id='conv', agent_name='a', timestamp=T0))
+        frontier = [*settled, ModelResponse(parts=[ToolCallPart('lookup', {}, tool_call_id='c2')], timestamp=T0)]
+        await store.save_snapshot(snapshot(run_id, frontier, step_index=2, state='interrupted'))
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None
+        assert (latest.run_id, latest.step_index, latest.state, latest.conversation_id) == (run_id, 1, 'complete', 'conv')
+        assert (latest.agent_name, latest.timestamp) == ('a', T0)
+        assert dump(latest.messages) == dump(settled)
+        newest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
+        assert newest is not None and newest.state == 'interrupted'
+        assert dump(newest.messages) == dump(frontier)
+
+    @pytest.mark.anyio
+    async def test_snapshots_are_immune_to_later_mutation(self, store: StepStore) -> None:
+        """pydantic-ai stamps fields onto a request after the boundary that saved it."""
+        run_id = new_run_id()
+        history = tool_cycle()
+        await store.save_snapshot(snapshot(run_id, list(history)))
+        before = dump(history)
+        pending = history[-1]
+        assert isinstance(pending, ModelRequest)
+        pending.timestamp = T0 + timedelta(minutes=5)
+        pending.instructions = 'be brief'
+        pending.parts = [*pending.parts, UserPromptPart('and more', timestamp=T0)]
+        history.append(ModelResponse(parts=[TextPart('done')], timestamp=T0))
+        await store.save_snapshot(snapshot(run_id, list(history), step_index=2))
+        first, second = await store.list_snapshots(run_id=run_id)  # type: ignore[attr-defined]
+        assert dump(first.messages) == before
+        assert dump(second.messages) == dump(history)
+
+    @pytest.mark.anyio
+    async def test_returned_messages_are_private_copies(self, store: StepStore) -> None:
+        run_id = new_run_id()
+        history = tool_cycle()
+        await store.save_snapshot(snapshot(run_id, history))
+        loaded = await store.latest_snapshot(run_id=run_id)
+        assert loaded is not None
+        loaded.messages.clear()
+        again = await store.latest_snapshot(run_id=run_id)
+        assert again is not None and dump(again.messages) == dump(history)
+
+    @pytest.mark.anyio
+    async def test_rewritten_history_is_stored_as_rewritten(self, store: StepStore) -> None:
+        """A history processor may replace or drop earlier messages (compaction)."""
+        run_id = new_run_id()
+        history = tool_cycle() + tool_cycle('c2', 'again')
+        await store.save_snapshot(snapshot(run_id, history))
+        compacted = [ModelRequest(parts=[UserPromptPart('summary', timestamp=T0)], timestamp=T0), *history[4:]]
+        await store.save_snapshot(snapshot(run_id, compacted, step_index=2))
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None and dump(latest.messages) == dump(compacted)
+        shorter = history[:3]
+        await store.save_snapshot(snapshot(run_id, shorter, step_index=3))
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None and dump(latest.messages) == dump(shorter)
+
+    @pytest.mark.anyio
+    async def test_snapshot_idempotency_key_applies_once_even_after_pruning(self, make_store: StoreFactory) -> None:
+        store = make_store(max_snapshots_per_run=1)
+        run_id = new_run_id()
+        await store.save_snapshot(snapshot(run_id, tool_cycle(), idempotency_key='0:1:complete'))
+        await store.save_snapshot(snapshot(run_id, tool_cycle('c2'), step_index=2, idempotency_key='1:2:complete'))
+        await store.save_snapshot(snapshot(run_id, tool_cycle('c3'), step_index=3, idempotency_key='0:1:complete'))
+        await store.save_snapshot(snapshot(run_id, tool_cycle('c4'), step_index=4, idempotency_key='1:2:complete'))
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None and latest.step_index == 2
+
+    @pytest.mark.anyio
+    async def test_retention_keeps_newest_and_newest_complete(self, make_store: StoreFactory) -> None:
+        store = make_store(max_snapshots_per_run=2)
+        run_id = new_run_id()
+        states = ['complete', 'interrupted', 'interrupted', 'interrupted']
+        for step, state in enumerate(states, start=1):
+            await store.save_snapshot(snapshot(run_id, tool_cycle(f'c{step}'), step_index=step, state=state))
+        kept = await store.list_snapshots(run_id=run_id, include_interrupted=True)  # type: ignore[attr-defined]
+        assert [s.step_index for s in kept] == [1, 3, 4]
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None and latest.step_index == 1
+
+    def test_rejects_bad_retention_limit(self, make_store: StoreFactory) -> None:
+        for bad in (0, -1, 'two', 1.5):
+            with pytest.raises(ValueError, match='max_snapshots_per_run'):
+                make_store(max_snapshots_per_run=bad)
+
+    @pytest.mark.anyio
+    async def test_runs_do_not_share_snapshots(self, store: StepStore) -> None:
+        a, b = new_run_id(), new_run_id()
+        await store.save_snapshot(snapshot(a, tool_cycle('c1', 'for a')))
+        await store.save_snapshot(snapshot(b, tool_cycle('c1', 'for b')))
+        latest_a = await store.latest_snapshot(run_id=a)
+        assert latest_a is not None and dump(latest_a.messages) == dump(tool_cycle('c1', 'for a'))
+
+    # --- tool effects -----------------------------------------------------------------------
+
+    @pytest.mark.anyio
+    async def test_tool_effects_upsert_and_unresolved(self, store: StepStore) -> None:
+        run_id = new_run_id()
+        started = ToolEffectRecord(tool_call_id='c1', tool_name='write', run_id=run_id, status='started', started_at=T0)
+        other = ToolEffectRecord(tool_call_id='c2', tool_name='read', run_id=run_id, status='started', started_at=T0)
+        await store.record_tool_effect(started)
+        await store.record_tool_effect(other)
+        assert {r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)} == {'c1', 'c2'}
+        done = ToolEffectRecord(
+            tool_call_id='c1',
+            tool_name='write',
+            run_id=run_id,
+            status='completed',
+            started_at=T0,
+            ended_at=T0 + timedelta(seconds=1),
+            idempotency_key='issue-1::label',
+            effect_summary='set label',
+        )
+        await store.record_tool_effect(done)
+        assert await store.get_tool_effect(run_id=run_id, tool_call_id='c1') == done
+        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)] == ['c2']
+        assert await store.get_tool_effect(run_id=run_id, tool_call_id='missing') is None
+        assert await store.list_unresolved_tool_effects(run_id=new_run_id('unknown')) == []
+
+    # --- durability -------------------------------------------------------------------------
+
+    @pytest.mark.anyio
+    async def test_reopened_store_sees_everything(self, make_store: StoreFactory) -> None:
+        if not self.persistent:
+            pytest.skip('store is not persistent')
+        first = make_store()
+        run_id = new_run_id()
+        await first.register_run(RunRecord(run_id=run_id, conversation_id='conv', started_at=T0))
+        await first.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0, timestamp=T0))
+        await first.save_snapshot(snapshot(run_id, tool_cycle()))
+        await first.record_tool_effect(
+            ToolEffectRecord(tool_call_id='c9', tool_name='t', run_id=run_id, status='started', started_at=T0)
+        )
+        second = make_store()
+        assert (await second.get_run(run_id=run_id)) == (await first.get_run(run_id=run_id))
+        assert len(await second.list_events(run_id=run_id)) == 1
+        latest = await second.latest_snapshot(run_id=run_id)
+        assert latest is not None and dump(latest.messages) == dump(tool_cycle())
+        assert [r.tool_call_id for r in await second.list_unresolved_tool_effects(run_id=run_id)] == ['c9']
+        with pytest.raises(RunAlreadyExistsError):
+            await second.register_run(RunRecord(run_id=run_id))
+        # The second store continues the run's snapshots without knowing what the first wrote.
+        await second.save_snapshot(snapshot(run_id, [*tool_cycle(), *tool_cycle('c2')], step_index=2))
+        latest = await first.latest_snapshot(run_id=run_id)
+        assert latest is not None and dump(latest.messages) == dump([*tool_cycle(), *tool_cycle('c2')])
+
+    # --- property: any history round-trips exactly -------------------------------------------
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(histories=st.lists(st.lists(st.deferred(lambda: message_strategy()), min_size=1, max_size=6), min_size=1, max_size=3))
+    def test_arbitrary_histories_round_trip_exactly(
+        self, make_store: StoreFactory, histories: list[list[ModelMessage]]
+    ) -> None:
+        store = make_store()
+
+        async def check() -> None:
+            run_id = new_run_id('prop')
+            grown: list[ModelMessage] = []
+            expected: list[bytes] = []
+            for step, batch in enumerate(histories, start=1):
+                grown = [*grown, *batch]
+                expected.append(dump(grown))
+                await store.save_snapshot(snapshot(run_id, list(grown), step_index=step))
+            saved = await store.list_snapshots(run_id=run_id)  # type: ignore[attr-defined]
+            assert [dump(s.messages) for s in saved] == expected
+
+        anyio.run(check)
+
+
+_text = st.text(max_size=40)
+_big_text = st.sampled_from([70 * 1024, 65 * 1024]).map(lambda n: 'x' * n)
+_times = st.datetimes(min_value=datetime(2020, 1, 1), max_value=datetime(2030, 1, 1), timezones=st.just(UTC))
+_json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
+    max_leaves=8,
+)
+_binary = st.builds(
+    BinaryContent,
+    data=st.binary(max_size=64) | st.sampled_from([b'\x89PNG' + bytes(70 * 1024), bytes(range(256)) * 300]),
+    media_type=st.sampled_from(['image/png', 'application/octet-stream', 'audio/wav']),
+)
+_call_ids = st.text(alphabet='abcdef0123456789', min_size=1, max_size=8)
+
+
+def message_strategy() -> st.SearchStrategy[ModelMessage]:
+    request_part = st.one_of(
+        st.builds(UserPromptPart, content=_text | _big_text, timestamp=_times),
+        st.builds(
+            UserPromptPart,
+            content=st.lists(_text | _binary, min_size=1, max_size=3),
+            timestamp=_times,
+        ),
+        st.builds(SystemPromptPart, content=_text, timestamp=_times),
+        st.builds(
+            ToolReturnPart,
+            tool_name=_text,
+            content=_text | _big_text | _json_value,
+            tool_call_id=_call_ids,
+            timestamp=_times,
+        ),
+        st.builds(RetryPromptPart, content=_text, tool_name=_text | st.none(), tool_call_id=_call_ids, timestamp=_times),
+    )
+    response_part = st.one_of(
+        st.builds(TextPart, content=_text | _big_text),
+        st.builds(ThinkingPart, content=_text),
+        st.builds(
+            ToolCallPart,
+            tool_name=_text,
+            args=st.dictionaries(_text, _json_value, max_size=3),
+            tool_call_id=_call_ids,
+        ),
+    )
+    request = st.builds(
+        ModelRequest,
+        parts=st.lists(request_part, min_size=1, max_size=3),
+        timestamp=_times | st.none(),
+        instructions=_text | st.none(),
+    )
+    response = st.builds(ModelResponse, parts=st.lists(response_part, min_size=1, max_size=3), timestamp=_times)
+    return st.one_of(request, response)
