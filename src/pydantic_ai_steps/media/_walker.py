@@ -1,0 +1,511 @@
+"""Move large payloads out of message trees (`externalize_media`) and back (`restore_media`).
+
+The algorithm works on the JSON form of pydantic-ai messages (lists, dicts with string keys, and
+scalars), because that is what step stores persist. Its marker layout, reserved key names and
+escape rules are fixed for data compatibility with snapshots written by `pydantic-ai-harness`
+0.62: a tree externalized by either package restores with the other. Change none of them without
+a new format stamp.
+
+Message objects (a `ModelMessage`, a single request or response part, or a list of them) are
+accepted too. They are dumped to that JSON form, walked, and `restore_media` validates the result
+back into the same classes. A message whose payload has moved out is no longer a valid
+pydantic-ai message (`BinaryContent.data` and `TextPart.content` are required), so
+`externalize_media` hands back the externalized JSON form in an `ExternalizedDict` or
+`ExternalizedList`: plain `dict`/`list` subclasses, ready for `json.dumps`, that remember which
+classes they came from so `restore_media` returns real message objects (with real
+`BinaryContent`). Once such a value has been through `json.dumps`/`json.loads` it is ordinary
+JSON again; validate the restored tree with `ModelMessagesTypeAdapter` to get messages back.
+
+`might_need_externalizing` and `has_markers` answer from the serialized text whether walking a
+message can change it at all, so step stores skip the parse-and-walk for almost every message.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import re
+import types
+import typing
+from collections.abc import Sequence
+from types import GenericAlias
+from typing import Any, Generic, TypeVar, cast, overload
+
+import pydantic
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelRequestPart,
+    ModelResponse,
+    ModelResponsePart,
+)
+
+from ._context import MediaContext
+from ._protocol import MediaStore
+from ._uri import parse_media_uri
+
+__all__ = [
+    'ESCAPED_KEYS_FORMAT',
+    'ESCAPED_KEYS_KEY',
+    'EXTERNAL_KEY',
+    'FORMAT_KEY',
+    'LITERAL_FORMAT',
+    'LITERAL_KEY',
+    'MARKER_METADATA_KEYS',
+    'RESERVED_KEY_PREFIX',
+    'TEXT_KEY',
+    'URI_KEY',
+    'URLSAFE_FORMAT',
+    'URLSAFE_KEY',
+    'ExternalizedDict',
+    'ExternalizedList',
+    'externalize_media',
+    'has_markers',
+    'might_need_externalizing',
+    'restore_media',
+]
+
+# Reserved key names and stamp values. Byte-identical to pydantic-ai-harness 0.62 on purpose.
+EXTERNAL_KEY = '__harness_external_media__'
+TEXT_KEY = '__harness_external_text__'
+URI_KEY = '__harness_external_uri__'
+ESCAPED_KEYS_KEY = '__harness_external_escaped_keys__'
+FORMAT_KEY = '__harness_external_marker_format__'
+URLSAFE_KEY = '__harness_external_urlsafe__'
+LITERAL_KEY = '__harness_external_literal__'
+LEGACY_URI_KEY = 'uri'
+
+ESCAPED_KEYS_FORMAT = 'escaped-keys-v1'
+LITERAL_FORMAT = 'literal-v1'
+URLSAFE_FORMAT = 'base64-urlsafe-v1'
+_ESCAPED_KEYS_FAMILY = 'escaped-keys-v'
+_LITERAL_FAMILY = 'literal-v'
+
+MARKER_METADATA_KEYS = (EXTERNAL_KEY, TEXT_KEY, URI_KEY, ESCAPED_KEYS_KEY, FORMAT_KEY, URLSAFE_KEY)
+"""Keys a marker writes itself; a caller's own keys with these names are moved into the stash."""
+_LITERAL_TRIGGER_KEYS = (EXTERNAL_KEY, LITERAL_KEY)
+_TEXT_CONTENT_KINDS = ('text-content', 'structured-content')
+
+RESERVED_KEY_PREFIX = '__harness_external_'
+"""Every reserved key name starts with this, which is what the text fast paths look for."""
+
+# A JSON string may spell a key with `\u00XX` escapes. Any escape of `_` or a lowercase letter
+# could be hiding a reserved key, so the fast paths treat such text as "may matter".
+_ESCAPED_KEY_CHAR = re.compile(r'\\u00(?:5[fF]|[67][0-9a-fA-F])')
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+M = TypeVar('M')
+_T = TypeVar('_T')
+_Msg = TypeVar('_Msg', bound='ModelRequest | ModelResponse | ModelRequestPart | ModelResponsePart')
+
+
+class ExternalizedDict(dict[str, Any], Generic[M]):
+    """The externalized JSON form of one message or part, remembering its class.
+
+    It is a plain `dict` for every other purpose (equality, `json.dumps`, storage);
+    `restore_media` uses the remembered class to hand back a real message object.
+    """
+
+    pydantic_ai_type: type[M]
+
+    def __init__(self, tree: dict[str, Any], pydantic_ai_type: type[M]) -> None:
+        super().__init__(tree)
+        self.pydantic_ai_type = pydantic_ai_type
+
+
+class ExternalizedList(list[Any], Generic[M]):
+    """The externalized JSON form of a list of messages or parts, remembering each element's class."""
+
+    pydantic_ai_types: tuple[type[M], ...]
+
+    def __init__(self, items: list[Any], pydantic_ai_types: tuple[type[M], ...]) -> None:
+        super().__init__(items)
+        self.pydantic_ai_types = pydantic_ai_types
+
+
+# ----------------------------------------------------------------------------------------------
+# Fast paths on serialized text
+
+
+def _mentions_reserved_key(json_text: str) -> bool:
+    if RESERVED_KEY_PREFIX in json_text:
+        return True
+    return '\\u00' in json_text and _ESCAPED_KEY_CHAR.search(json_text) is not None
+
+
+def might_need_externalizing(json_text: str, threshold_bytes: int) -> bool:
+    """Whether `externalize_media` could change the JSON tree that `json_text` encodes.
+
+    `False` is a guarantee: walking the parsed text would return an equal tree and store nothing,
+    so the caller may keep the text as it is. That holds when the text mentions no reserved key
+    and either has no `"data"`/`"content"` key or is shorter than the threshold: a string inside
+    JSON text never encodes to more UTF-8 bytes than the text itself, and base64 never decodes to
+    more bytes than it has characters. `True` only means "walk it to find out".
+    """
+    if _mentions_reserved_key(json_text):
+        return True
+    if '"data"' not in json_text and '"content"' not in json_text:
+        return False
+    length = len(json_text)
+    if length >= threshold_bytes:
+        return True
+    if length * 4 < threshold_bytes or json_text.isascii():
+        return False
+    return len(json_text.encode('utf-8', 'surrogatepass')) >= threshold_bytes
+
+
+def has_markers(json_text: str) -> bool:
+    """Whether `restore_media` could change the JSON tree that `json_text` encodes.
+
+    Only markers (`__harness_external_media__`) and literal wrappers (`__harness_external_literal__`)
+    are rewritten on restore; text that names neither comes back equal, so callers skip the walk.
+    """
+    if EXTERNAL_KEY in json_text or LITERAL_KEY in json_text:
+        return True
+    return '\\u00' in json_text and _ESCAPED_KEY_CHAR.search(json_text) is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# Message objects <-> JSON form
+
+
+def _union_members(tp: object) -> list[type]:
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _union_members(typing.get_args(tp)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        members: list[type] = []
+        for arg in typing.get_args(tp):
+            members.extend(_union_members(arg))
+        return members
+    return [tp] if isinstance(tp, type) else []
+
+
+@functools.cache
+def _message_classes() -> tuple[type, ...]:
+    """Every class that is a message or a part in the installed pydantic-ai (the set varies by version)."""
+    classes: list[type] = [ModelRequest, ModelResponse]
+    for alias in (ModelRequestPart, ModelResponsePart):
+        for member in _union_members(alias):
+            if member not in classes:
+                classes.append(member)
+    return tuple(classes)
+
+
+_BASE64_BYTES = pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64', defer_build=True)
+
+
+@functools.cache
+def _adapter(cls: type) -> pydantic.TypeAdapter[list[Any]]:
+    # A TypeAdapter takes no config for a bare dataclass, so wrap it in a list, as
+    # `ModelMessagesTypeAdapter` does, to get the same bytes encoding as pydantic-ai's own dumps.
+    return pydantic.TypeAdapter(cast(Any, GenericAlias(list, (cls,))), config=_BASE64_BYTES)
+
+
+def _to_json(obj: object) -> dict[str, Any]:
+    return _adapter(type(obj)).dump_python([obj], mode='json')[0]
+
+
+def _from_json(cls: type[M], tree: object) -> M:
+    return _adapter(cls).validate_python([tree])[0]
+
+
+def _is_message_object(node: object) -> bool:
+    return isinstance(node, _message_classes())
+
+
+def _is_message_sequence(node: object) -> bool:
+    if not isinstance(node, list | tuple) or not node:
+        return False
+    return all(_is_message_object(item) for item in cast(Sequence[object], node))
+
+
+# ----------------------------------------------------------------------------------------------
+# Walkers
+
+
+def _unsupported(node: object) -> TypeError:
+    kind = type(node)
+    return TypeError(
+        f'externalize_media cannot walk a {kind.__module__}.{kind.__qualname__}: pass a pydantic-ai message, '
+        'a request/response part, a list of those, or their JSON form '
+        "(ModelMessagesTypeAdapter.dump_python(messages, mode='json'))"
+    )
+
+
+def _escape_marker_keys(marker: dict[str, Any]) -> None:
+    """Move caller keys that collide with the marker's own keys into the stash, in the fixed order."""
+    stash = {key: marker.pop(key) for key in MARKER_METADATA_KEYS if key in marker}
+    if stash:
+        marker[FORMAT_KEY] = ESCAPED_KEYS_FORMAT
+        marker[ESCAPED_KEYS_KEY] = stash
+
+
+class _Externalizer:
+    def __init__(self, media_store: MediaStore, threshold_bytes: int) -> None:
+        self._store = media_store
+        self._threshold = threshold_bytes
+
+    async def walk(self, node: object) -> Any:
+        if isinstance(node, dict):
+            return await self._dict(cast(dict[str, Any], node))
+        if isinstance(node, list):
+            return await self._list(cast(list[Any], node))
+        if isinstance(node, _JSON_SCALARS):
+            return node
+        raise _unsupported(node)
+
+    async def _list(self, node: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for item in node:
+            out.append(item if isinstance(item, _JSON_SCALARS) else await self.walk(item))
+        return out
+
+    async def _fields(self, node: dict[str, Any], skip: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key != skip:
+                out[key] = value if isinstance(value, _JSON_SCALARS) else await self.walk(value)
+        return out
+
+    async def _dict(self, node: dict[str, Any]) -> dict[str, Any]:
+        kind = node.get('kind')
+        data = node.get('data')
+        if kind == 'binary' and isinstance(data, str):
+            marker = await self._binary(node, data)
+            if marker is not None:
+                return marker
+        else:
+            content = node.get('content')
+            if isinstance(content, str) and (isinstance(node.get('part_kind'), str) or kind in _TEXT_CONTENT_KINDS):
+                marker = await self._text(node, content)
+                if marker is not None:
+                    return marker
+        walked = await self._fields(node, None)
+        if any(key in node for key in _LITERAL_TRIGGER_KEYS):
+            return {LITERAL_KEY: walked, FORMAT_KEY: LITERAL_FORMAT}
+        return walked
+
+    async def _binary(self, node: dict[str, Any], data: str) -> dict[str, Any] | None:
+        urlsafe = '-' in data or '_' in data
+        if urlsafe and ('+' in data or '/' in data):
+            return None
+        # Strict base64 is padded to whole quads, so the decoded size is known without decoding:
+        # small payloads (nearly all of them) cost no decode at all.
+        if len(data) % 4:
+            return None
+        padding = 2 if data.endswith('==') else 1 if data.endswith('=') else 0
+        if len(data) // 4 * 3 - padding < self._threshold:
+            return None
+        try:
+            raw = base64.b64decode(data, altchars=b'-_' if urlsafe else None, validate=True)
+        except ValueError:
+            return None
+        if len(raw) < self._threshold:
+            return None
+        canonical = base64.urlsafe_b64encode(raw) if urlsafe else base64.b64encode(raw)
+        if canonical != data.encode('ascii'):
+            return None
+        media_type = node.get('media_type')
+        uri = await self._put(raw, MediaContext(media_type=media_type if isinstance(media_type, str) else None))
+        marker = await self._fields(node, 'data')
+        _escape_marker_keys(marker)
+        marker[EXTERNAL_KEY] = True
+        if urlsafe:
+            marker[URLSAFE_KEY] = URLSAFE_FORMAT
+        return self._finish(node, marker, uri)
+
+    async def _text(self, node: dict[str, Any], content: str) -> dict[str, Any] | None:
+        if len(content) * 4 < self._threshold:  # at most 4 UTF-8 bytes per code point
+            return None
+        raw = content.encode('utf-8', 'surrogatepass')
+        if len(raw) < self._threshold:
+            return None
+        uri = await self._put(raw, MediaContext(media_type='text/plain'))
+        marker = await self._fields(node, 'content')
+        _escape_marker_keys(marker)
+        marker[EXTERNAL_KEY] = True
+        marker[TEXT_KEY] = True
+        return self._finish(node, marker, uri)
+
+    async def _put(self, raw: bytes, context: MediaContext) -> str:
+        uri = await self._store.put(raw, context=context)
+        parse_media_uri(uri)  # a store returning anything else would corrupt every marker it touches
+        return uri
+
+    @staticmethod
+    def _finish(node: dict[str, Any], marker: dict[str, Any], uri: str) -> dict[str, Any]:
+        marker[URI_KEY] = uri
+        if LEGACY_URI_KEY not in node:
+            # Mirrored for readers that only know the legacy `uri` key. A node with its own `uri`
+            # keeps it, so such readers fail loudly rather than load the wrong bytes.
+            marker[LEGACY_URI_KEY] = uri
+        return marker
+
+
+class _Restorer:
+    def __init__(self, media_store: MediaStore) -> None:
+        self._store = media_store
+
+    async def walk(self, node: object) -> Any:
+        if isinstance(node, dict):
+            return await self._dict(cast(dict[str, Any], node))
+        if isinstance(node, list):
+            out: list[Any] = []
+            for item in cast(list[Any], node):
+                out.append(item if isinstance(item, _JSON_SCALARS) else await self.walk(item))
+            return out
+        return node
+
+    async def _values(self, node: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out[key] = value if isinstance(value, _JSON_SCALARS) else await self.walk(value)
+        return out
+
+    async def _dict(self, node: dict[str, Any]) -> dict[str, Any]:
+        if len(node) == 2 and LITERAL_KEY in node and FORMAT_KEY in node:
+            stamp = node[FORMAT_KEY]
+            payload = node[LITERAL_KEY]
+            if isinstance(stamp, str) and stamp.startswith(_LITERAL_FAMILY) and isinstance(payload, dict):
+                if stamp != LITERAL_FORMAT:
+                    raise ValueError(
+                        f'externalized media literal wrapper has an unsupported format: {stamp!r} '
+                        f'(this version reads {LITERAL_FORMAT!r}); upgrade pydantic-ai-steps to read it'
+                    )
+                return await self._values(cast(dict[str, Any], payload))
+        if node.get(EXTERNAL_KEY) is True:
+            return await self._marker(node)
+        return await self._values(node)
+
+    async def _marker(self, node: dict[str, Any]) -> dict[str, Any]:
+        drop = {EXTERNAL_KEY, TEXT_KEY}
+        urlsafe = node.get(URLSAFE_KEY) == URLSAFE_FORMAT
+        if urlsafe:
+            drop.add(URLSAFE_KEY)
+
+        stash: dict[str, Any] = {}
+        candidate = node.get(ESCAPED_KEYS_KEY)
+        stamp = node.get(FORMAT_KEY)
+        if (
+            isinstance(candidate, dict)
+            and candidate
+            and all(key in MARKER_METADATA_KEYS for key in cast(dict[str, Any], candidate))
+            and isinstance(stamp, str)
+            and stamp.startswith(_ESCAPED_KEYS_FAMILY)
+        ):
+            if stamp != ESCAPED_KEYS_FORMAT:
+                raise ValueError(
+                    f'externalized media marker has an unsupported escaped-keys format: {stamp!r} '
+                    f'(this version reads {ESCAPED_KEYS_FORMAT!r}); upgrade pydantic-ai-steps to read it'
+                )
+            stash = cast(dict[str, Any], candidate)
+            drop.update((FORMAT_KEY, ESCAPED_KEYS_KEY))
+
+        if URI_KEY in node:
+            uri = node[URI_KEY]
+            drop.add(URI_KEY)
+            if LEGACY_URI_KEY in node and node[LEGACY_URI_KEY] == uri:
+                drop.add(LEGACY_URI_KEY)
+        else:  # a legacy marker: only the plain `uri` key
+            uri = node.get(LEGACY_URI_KEY)
+            drop.add(LEGACY_URI_KEY)
+        if not isinstance(uri, str):
+            raise ValueError(f'externalized media marker missing string uri: {uri!r}')
+
+        is_text = node.get(TEXT_KEY) is True
+        if is_text:
+            context = MediaContext(media_type='text/plain')
+        else:
+            media_type = node.get('media_type')
+            context = MediaContext(media_type=media_type if isinstance(media_type, str) else None)
+        raw = await self._store.get(uri, context=context)
+
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key not in drop:
+                out[key] = value if isinstance(value, _JSON_SCALARS) else await self.walk(value)
+        for key, value in stash.items():
+            out[key] = value if isinstance(value, _JSON_SCALARS) else await self.walk(value)
+        if is_text:
+            out['content'] = bytes(raw).decode('utf-8', 'surrogatepass')
+        else:
+            encoded = base64.urlsafe_b64encode(raw) if urlsafe else base64.b64encode(raw)
+            out['data'] = encoded.decode('ascii')
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry points
+
+MessageOrPart = ModelMessage | ModelRequestPart | ModelResponsePart
+
+
+@overload
+async def externalize_media(
+    node: Sequence[MessageOrPart], *, media_store: MediaStore, threshold_bytes: int
+) -> ExternalizedList[MessageOrPart]: ...
+@overload
+async def externalize_media(node: _Msg, *, media_store: MediaStore, threshold_bytes: int) -> ExternalizedDict[_Msg]: ...
+@overload
+async def externalize_media(node: list[Any], *, media_store: MediaStore, threshold_bytes: int) -> list[Any]: ...
+@overload
+async def externalize_media(
+    node: dict[str, Any], *, media_store: MediaStore, threshold_bytes: int
+) -> dict[str, Any]: ...
+@overload
+async def externalize_media(node: object, *, media_store: MediaStore, threshold_bytes: int) -> object: ...
+async def externalize_media(node: object, *, media_store: MediaStore, threshold_bytes: int) -> object:
+    """Write every payload of `threshold_bytes` or more to `media_store` and leave a marker in its place.
+
+    Payloads are base64 `BinaryContent` data (size = decoded bytes) and the string `content` of
+    parts and of `TextContent`/`StructuredContent` (size = UTF-8 bytes); bare strings in a user
+    prompt's content list never move. The input is never mutated. A JSON tree comes back as a new
+    JSON tree; message objects come back as their externalized JSON form in an `ExternalizedDict`
+    or `ExternalizedList` (see the module docstring for why). Anything else raises `TypeError`.
+    """
+    walker = _Externalizer(media_store, threshold_bytes)
+    if _is_message_object(node):
+        return ExternalizedDict(await walker.walk(_to_json(node)), type(node))
+    if _is_message_sequence(node):
+        items = cast(Sequence[object], node)
+        walked = [await walker.walk(_to_json(item)) for item in items]
+        return ExternalizedList(walked, tuple(type(item) for item in items))
+    return await walker.walk(node)
+
+
+@overload
+async def restore_media(node: ExternalizedDict[M], *, media_store: MediaStore) -> M: ...
+@overload
+async def restore_media(node: ExternalizedList[M], *, media_store: MediaStore) -> list[M]: ...
+@overload
+async def restore_media(node: _T, *, media_store: MediaStore) -> _T: ...
+async def restore_media(node: object, *, media_store: MediaStore) -> object:
+    """Replace every marker written by `externalize_media` with the payload it points to.
+
+    JSON trees come back as new JSON trees; values that are not JSON are returned unchanged, as
+    upstream does. An `ExternalizedDict`/`ExternalizedList`, a message object or a list of them
+    comes back as message objects of the same classes. Raises `ValueError` for a marker written
+    in a format this version does not know, and whatever the store raises for a missing blob.
+    """
+    walker = _Restorer(media_store)
+    if isinstance(node, ExternalizedDict):
+        lean = cast(ExternalizedDict[Any], node)
+        return _from_json(lean.pydantic_ai_type, await walker.walk(dict(lean)))
+    if isinstance(node, ExternalizedList):
+        lean_list = cast(ExternalizedList[Any], node)
+        if len(lean_list) != len(lean_list.pydantic_ai_types):
+            raise ValueError(
+                f'ExternalizedList holds {len(lean_list)} items but remembers {len(lean_list.pydantic_ai_types)} '
+                'message classes; it was changed after externalize_media, so restore a plain list instead'
+            )
+        restored: list[Any] = []
+        for cls, item in zip(lean_list.pydantic_ai_types, lean_list, strict=True):
+            restored.append(_from_json(cls, await walker.walk(item)))
+        return restored
+    if _is_message_object(node):
+        return _from_json(type(node), await walker.walk(_to_json(node)))
+    if _is_message_sequence(node):
+        return [_from_json(type(item), await walker.walk(_to_json(item))) for item in cast(Sequence[object], node)]
+    return await walker.walk(node)
