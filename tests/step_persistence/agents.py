@@ -1,0 +1,48 @@
+"""Scripted agents for capability tests: no network, no API keys."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+
+Turn = Callable[[list[ModelMessage], AgentInfo], ModelResponse]
+
+
+def responses_so_far(messages: Sequence[ModelMessage]) -> int:
+    return sum(isinstance(message, ModelResponse) for message in messages)
+
+
+def scripted(*turns: list[ToolCallPart] | str) -> FunctionModel:
+    """A model that plays `turns` in order: a list of tool calls, or a final text.
+
+    A final text `'<output>'` becomes a call to the output tool when the agent has one.
+    """
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        index = min(responses_so_far(messages), len(turns) - 1)
+        turn = turns[index]
+        if isinstance(turn, str):
+            if turn == '<output>' and info.output_tools:
+                return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, {'value': 3})])
+            return ModelResponse(parts=[TextPart(turn)])
+        return ModelResponse(parts=[ToolCallPart(c.tool_name, c.args, tool_call_id=c.tool_call_id) for c in turn])
+
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+        response = respond(messages, info)
+        calls: dict[int, DeltaToolCall] = {}
+        for index, part in enumerate(response.parts):
+            if isinstance(part, TextPart):
+                yield part.content
+            elif isinstance(part, ToolCallPart):
+                calls[index] = DeltaToolCall(name=part.tool_name, json_args=part.args_as_json_str(), tool_call_id=part.tool_call_id)
+        if calls:
+            yield calls
+
+    return FunctionModel(respond, stream_function=stream)
+
+
+def call(tool: str, call_id: str, **args: Any) -> ToolCallPart:
+    return ToolCallPart(tool, args, tool_call_id=call_id)
