@@ -23,6 +23,8 @@ def lazy_loader(package: str, targets: Mapping[str, tuple[str, str | None]]) -> 
         if target is None:
             raise AttributeError(f'module {package!r} has no attribute {name!r}')
         module_name, driver = target
+        if importlib.util.find_spec(module_name, package) is None:
+            raise ImportError(f'{name} is not part of this version of pydantic-ai-steps')
         if driver is not None and not installed(driver):
             raise ImportError(
                 f'{name} needs the {driver!r} driver: pip install "pydantic-ai-steps[{EXTRAS.get(driver, driver)}]"'

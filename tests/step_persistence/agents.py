@@ -37,7 +37,9 @@ def scripted(*turns: list[ToolCallPart] | str) -> FunctionModel:
             if isinstance(part, TextPart):
                 yield part.content
             elif isinstance(part, ToolCallPart):
-                calls[index] = DeltaToolCall(name=part.tool_name, json_args=part.args_as_json_str(), tool_call_id=part.tool_call_id)
+                calls[index] = DeltaToolCall(
+                    name=part.tool_name, json_args=part.args_as_json_str(), tool_call_id=part.tool_call_id
+                )
         if calls:
             yield calls
 

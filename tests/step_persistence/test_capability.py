@@ -204,7 +204,9 @@ async def test_continue_run_then_agent_run_with_history() -> None:
         return ModelResponse(parts=[TextPart('follow-up answer')])
 
     follow = Agent(FunctionModel(follow_up), capabilities=[StepPersistence(store=store, agent_name='code_librarian')])
-    result = await follow.run('Read _apply_provider_details_delta', message_history=history, conversation_id='libr-conv')
+    result = await follow.run(
+        'Read _apply_provider_details_delta', message_history=history, conversation_id='libr-conv'
+    )
     assert result.output == 'follow-up answer'
     assert seen == [len(history) + 1]
     turns = await store.list_runs(conversation_id='libr-conv')
@@ -306,7 +308,10 @@ async def test_crash_in_a_tool_leaves_the_call_unknown_after_crash() -> None:
     @agent.tool
     async def set_label(ctx: RunContext[None], issue: int, label: str) -> str:
         await annotate_tool_effect(
-            store, ctx, idempotency_key=f'issue-{issue}::label::{label}', effect_summary=f'set label {label!r} on #{issue}'
+            store,
+            ctx,
+            idempotency_key=f'issue-{issue}::label::{label}',
+            effect_summary=f'set label {label!r} on #{issue}',
         )
         store.dead = True  # the process dies while the side effect is in flight
         return 'ok'

@@ -20,12 +20,11 @@ from ._protocol import (
 from ._uri import media_uri_for, parse_media_uri
 
 if TYPE_CHECKING:
-    from ._walker import externalize_media, restore_media
-    from .stores.disk import DiskMediaStore
-    from .stores.mongo import MongoMediaStore
-    from .stores.postgres import PostgresMediaStore
-    from .stores.s3 import S3MediaStore
-    from .stores.sqlite import SqliteMediaStore
+    from ._walker import externalize_media as externalize_media
+    from ._walker import restore_media as restore_media
+    from .stores.disk import DiskMediaStore as DiskMediaStore
+    from .stores.s3 import S3MediaStore as S3MediaStore
+    from .stores.sqlite import SqliteMediaStore as SqliteMediaStore
 
 _LAZY = {
     'DiskMediaStore': ('.stores.disk', None),
@@ -48,4 +47,4 @@ __all__ = [
     'media_uri_for',
     'parse_media_uri',
 ]
-__all__ += star_exports(__name__, _LAZY)
+__all__ += star_exports(__name__, _LAZY)  # pyright: ignore[reportUnsupportedDunderAll]

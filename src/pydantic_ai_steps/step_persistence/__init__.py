@@ -26,10 +26,8 @@ from ._records import (
 from .stores.memory import InMemoryStepStore
 
 if TYPE_CHECKING:
-    from .stores.file import FileStepStore
-    from .stores.mongo import MongoStepStore
-    from .stores.postgres import PostgresStepStore
-    from .stores.sqlite import SqliteStepStore
+    from .stores.file import FileStepStore as FileStepStore
+    from .stores.sqlite import SqliteStepStore as SqliteStepStore
 
 _LAZY = {
     'FileStepStore': ('.stores.file', None),
@@ -58,4 +56,4 @@ __all__ = [
     'fork_run',
     'is_provider_valid',
 ]
-__all__ += star_exports(__name__, _LAZY)
+__all__ += star_exports(__name__, _LAZY)  # pyright: ignore[reportUnsupportedDunderAll]

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic_ai.messages import ModelMessage, ModelResponse, RetryPromptPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    RetryPromptPart,  # pyright: ignore[reportDeprecated]
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.tools import RunContext
 
 from . import _context
@@ -17,7 +23,8 @@ def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
     """Whether every tool call in `messages` is answered, in order, exactly once.
 
     A provider rejects a history with an unanswered call or an orphan return; this is the test
-    that decides a snapshot's state (`complete` when valid, `interrupted` otherwise).
+    that decides a snapshot's state (`complete` when valid, `interrupted` otherwise). A legacy
+    `RetryPromptPart` naming a tool answers that tool's call, as it did in older histories.
     """
     open_calls: set[str] = set()
     for message in messages:
@@ -27,9 +34,8 @@ def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
                     open_calls.add(part.tool_call_id)
             continue
         for part in message.parts:
-            if isinstance(part, ToolReturnPart):
-                answered = part.tool_call_id
-            elif isinstance(part, RetryPromptPart) and part.tool_name is not None:
+            legacy_retry = isinstance(part, RetryPromptPart) and part.tool_name is not None  # pyright: ignore[reportDeprecated]
+            if isinstance(part, ToolReturnPart) or legacy_retry:
                 answered = part.tool_call_id
             else:
                 continue

@@ -74,12 +74,15 @@ class MessageLog:
     async def _externalize(self, text: str) -> str:
         if self.media_store is None or not might_need_externalizing(text, self.threshold_bytes):
             return text
-        tree = await externalize_media(json.loads(text), media_store=self.media_store, threshold_bytes=self.threshold_bytes)
+        tree: object = await externalize_media(
+            json.loads(text), media_store=self.media_store, threshold_bytes=self.threshold_bytes
+        )
         return _compact(tree)
 
     async def _restore(self, text: str) -> str:
         assert self.media_store is not None
-        return _compact(await restore_media(json.loads(text), media_store=self.media_store))
+        tree: object = await restore_media(json.loads(text), media_store=self.media_store)
+        return _compact(tree)
 
 
 def _compact(tree: object) -> str:

@@ -25,7 +25,7 @@ import copy
 import itertools
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import anyio
 import pytest
@@ -37,7 +37,7 @@ from pydantic_ai.messages import (
     ModelMessagesTypeAdapter,
     ModelRequest,
     ModelResponse,
-    RetryPromptPart,
+    RetryPromptPart,  # pyright: ignore[reportDeprecated]
     SystemPromptPart,
     TextPart,
     ThinkingPart,
@@ -75,6 +75,14 @@ def tool_cycle(call_id: str = 'c1', prompt: str = 'hi') -> list[ModelMessage]:
         ModelResponse(parts=[ToolCallPart('lookup', {'q': prompt}, tool_call_id=call_id)], timestamp=T0),
         ModelRequest(parts=[ToolReturnPart('lookup', 'found', tool_call_id=call_id, timestamp=T0)], timestamp=T0),
     ]
+
+
+async def all_snapshots(
+    store: StepStore, run_id: str, *, include_interrupted: bool = False
+) -> list[ContinuableSnapshot]:
+    """Every retained snapshot, oldest first: `list_snapshots`, which every shipped store has."""
+    lister = cast(Any, store).list_snapshots
+    return cast(list[ContinuableSnapshot], await lister(run_id=run_id, include_interrupted=include_interrupted))
 
 
 def snapshot(run_id: str, messages: list[ModelMessage], **fields: Any) -> ContinuableSnapshot:
@@ -182,10 +190,16 @@ class StepStoreConformance:
         first = StepEvent(run_id=run_id, kind='run_started', step_index=0, idempotency_key='0:0:run_started:')
         await store.append_event(first)
         await store.append_event(copy.copy(first))
-        await store.append_event(StepEvent(run_id=other, kind='run_started', step_index=0, idempotency_key='0:0:run_started:'))
+        await store.append_event(
+            StepEvent(run_id=other, kind='run_started', step_index=0, idempotency_key='0:0:run_started:')
+        )
         await store.append_event(StepEvent(run_id=run_id, kind='run_completed', step_index=0))
         await store.append_event(StepEvent(run_id=run_id, kind='run_completed', step_index=0))
-        assert [e.kind for e in await store.list_events(run_id=run_id)] == ['run_started', 'run_completed', 'run_completed']
+        assert [e.kind for e in await store.list_events(run_id=run_id)] == [
+            'run_started',
+            'run_completed',
+            'run_completed',
+        ]
         assert len(await store.list_events(run_id=other)) == 1
 
     # --- snapshots --------------------------------------------------------------------------
@@ -200,7 +214,12 @@ class StepStoreConformance:
         await store.save_snapshot(snapshot(run_id, frontier, step_index=2, state='interrupted'))
         latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None
-        assert (latest.run_id, latest.step_index, latest.state, latest.conversation_id) == (run_id, 1, 'complete', 'conv')
+        assert (latest.run_id, latest.step_index, latest.state, latest.conversation_id) == (
+            run_id,
+            1,
+            'complete',
+            'conv',
+        )
         assert (latest.agent_name, latest.timestamp) == ('a', T0)
         assert dump(latest.messages) == dump(settled)
         newest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
@@ -221,7 +240,7 @@ class StepStoreConformance:
         pending.parts = [*pending.parts, UserPromptPart('and more', timestamp=T0)]
         history.append(ModelResponse(parts=[TextPart('done')], timestamp=T0))
         await store.save_snapshot(snapshot(run_id, list(history), step_index=2))
-        first, second = await store.list_snapshots(run_id=run_id)  # type: ignore[attr-defined]
+        first, second = await all_snapshots(store, run_id)
         assert dump(first.messages) == before
         assert dump(second.messages) == dump(history)
 
@@ -269,7 +288,7 @@ class StepStoreConformance:
         states = ['complete', 'interrupted', 'interrupted', 'interrupted']
         for step, state in enumerate(states, start=1):
             await store.save_snapshot(snapshot(run_id, tool_cycle(f'c{step}'), step_index=step, state=state))
-        kept = await store.list_snapshots(run_id=run_id, include_interrupted=True)  # type: ignore[attr-defined]
+        kept = await all_snapshots(store, run_id, include_interrupted=True)
         assert [s.step_index for s in kept] == [1, 3, 4]
         latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None and latest.step_index == 1
@@ -343,7 +362,11 @@ class StepStoreConformance:
     # --- property: any history round-trips exactly -------------------------------------------
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(histories=st.lists(st.lists(st.deferred(lambda: message_strategy()), min_size=1, max_size=6), min_size=1, max_size=3))
+    @given(
+        histories=st.lists(
+            st.lists(st.deferred(lambda: message_strategy()), min_size=1, max_size=6), min_size=1, max_size=3
+        )
+    )
     def test_arbitrary_histories_round_trip_exactly(
         self, make_store: StoreFactory, histories: list[list[ModelMessage]]
     ) -> None:
@@ -357,7 +380,7 @@ class StepStoreConformance:
                 grown = [*grown, *batch]
                 expected.append(dump(grown))
                 await store.save_snapshot(snapshot(run_id, list(grown), step_index=step))
-            saved = await store.list_snapshots(run_id=run_id)  # type: ignore[attr-defined]
+            saved = await all_snapshots(store, run_id)
             assert [dump(s.messages) for s in saved] == expected
 
         anyio.run(check)
@@ -395,7 +418,13 @@ def message_strategy() -> st.SearchStrategy[ModelMessage]:
             tool_call_id=_call_ids,
             timestamp=_times,
         ),
-        st.builds(RetryPromptPart, content=_text, tool_name=_text | st.none(), tool_call_id=_call_ids, timestamp=_times),
+        st.builds(
+            RetryPromptPart,  # pyright: ignore[reportDeprecated]
+            content=_text,
+            tool_name=_text | st.none(),
+            tool_call_id=_call_ids,
+            timestamp=_times,
+        ),
     )
     response_part = st.one_of(
         st.builds(TextPart, content=_text | _big_text),
