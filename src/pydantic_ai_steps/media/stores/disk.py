@@ -1,0 +1,183 @@
+"""`DiskMediaStore`: blobs as files under one directory, `<sha256>.bin` by default.
+
+Every write goes to a uniquely named temporary file in the target's directory and is renamed
+over the target, so a reader never sees a half-written blob or sidecar and concurrent writers of
+the same bytes cannot corrupt each other. Files are created readable by the owner only (0o600)
+and the directories the store creates are 0o700: media often holds user uploads.
+
+`put` hashes the payload once and hands the same buffer to `os.write`, with no intermediate
+copies, so storing a large blob costs little more than hashing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import anyio.to_thread
+
+from .._context import EMPTY_CONTEXT, MediaContext
+from .._protocol import (
+    KeyStrategy,
+    PublicUrlResolver,
+    decode_metadata,
+    default_key_strategy,
+    encode_metadata,
+    resolve_public_url,
+)
+from .._uri import parse_media_uri, uri_for_digest
+
+__all__ = ['DiskMediaStore']
+
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
+_SIDECAR_SUFFIX = '.meta.json'
+
+
+class DiskMediaStore:
+    """A `MediaStore` keeping each blob in its own file under `directory`.
+
+    `key_strategy` maps a URI (and the operation's `MediaContext`) to a path relative to
+    `directory`; it must stay inside it, so absolute paths and `..` segments are rejected with
+    `ValueError` before anything is written. A strategy that depends on the context needs the
+    same context on reads. Non-empty `context.metadata` is kept in a `<blob>.meta.json` sidecar;
+    a later put with non-empty metadata replaces it, a later put without metadata leaves it.
+    `media_type` and `filename` are not persisted. The directory is created on the first put.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        key_strategy: KeyStrategy = default_key_strategy,
+        public_url: PublicUrlResolver | None = None,
+    ) -> None:
+        self._root = Path(directory)
+        self._key_strategy = key_strategy
+        self._public_url = public_url
+
+    @property
+    def directory(self) -> Path:
+        """The root every blob lives under."""
+        return self._root
+
+    def __repr__(self) -> str:
+        return f'{type(self).__name__}({str(self._root)!r})'
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        return await anyio.to_thread.run_sync(self._put_sync, data, context)
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        path = self._path(uri, context)
+        return await anyio.to_thread.run_sync(self._read_blob, path, uri)
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        path = self._path(uri, context)
+        return await anyio.to_thread.run_sync(path.is_file)
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        return await resolve_public_url(self._public_url, uri, context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str]:
+        path = self._path(uri, context)
+        return await anyio.to_thread.run_sync(self._read_metadata, path, uri)
+
+    # -- blocking bodies, run on worker threads --------------------------------------------------
+
+    def _put_sync(self, data: bytes, context: MediaContext) -> str:
+        uri = uri_for_digest(hashlib.sha256(data).hexdigest())
+        path = self._path(uri, context)
+        self._make_dirs(path.parent)
+        if not path.is_file():
+            _write_atomic(path, data)
+        if context.metadata:
+            _write_atomic(_sidecar(path), encode_metadata(context.metadata).encode('utf-8'))
+        return uri
+
+    def _read_blob(self, path: Path, uri: str) -> bytes:
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise FileNotFoundError(f'media not found: {uri}') from None
+
+    def _read_metadata(self, path: Path, uri: str) -> dict[str, str]:
+        if not path.is_file():
+            raise FileNotFoundError(f'media not found: {uri}')
+        try:
+            raw = _sidecar(path).read_text(encoding='utf-8')
+        except FileNotFoundError:
+            return {}
+        try:
+            return decode_metadata(raw)
+        except ValueError as exc:
+            raise ValueError(f'unreadable metadata sidecar for {uri} at {_sidecar(path)}: {exc}') from exc
+
+    # -- paths ------------------------------------------------------------------------------------
+
+    def _path(self, uri: str, context: MediaContext) -> Path:
+        parse_media_uri(uri)  # validate before the strategy sees it
+        key = self._key_strategy(uri, context)
+        return self._root / _safe_relative_key(key, uri)
+
+    def _make_dirs(self, directory: Path) -> None:
+        """Create `directory` and its missing parents, each 0o700 (`os.makedirs` gives the mode to the leaf only)."""
+        missing: list[Path] = []
+        current = directory
+        while not current.is_dir():
+            missing.append(current)
+            if current.parent == current:
+                break
+            current = current.parent
+        for folder in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=_DIR_MODE)
+
+
+def _safe_relative_key(key: object, uri: str) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f'key_strategy must return a str relative path, got {type(key).__name__} for {uri}')
+    posix = PurePosixPath(key)
+    windows = PureWindowsPath(key)
+    if (
+        not key
+        or '\x00' in key
+        or posix.is_absolute()
+        or windows.is_absolute()
+        or windows.drive
+        or key.startswith(('/', '\\'))
+        or '..' in windows.parts  # Windows parsing splits on both separators
+        or posix.name in ('', '.')
+    ):
+        raise ValueError(
+            f'key_strategy produced traversal-unsafe path: {key!r} for {uri}; keys must be relative file paths '
+            "inside the store directory, without '..' segments"
+        )
+    return key
+
+
+def _sidecar(blob: Path) -> Path:
+    return blob.with_name(blob.name + _SIDECAR_SUFFIX)
+
+
+def _write_atomic(target: Path, payload: bytes) -> None:
+    """Write `payload` to a fresh 0o600 temp file beside `target`, then rename it over `target`."""
+    temp = target.with_name(f'{target.name}.{uuid.uuid4().hex}.tmp')
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_BINARY', 0), _FILE_MODE)
+        try:
+            if hasattr(os, 'fchmod'):
+                os.fchmod(fd, _FILE_MODE)  # exactly 0o600, whatever the process umask
+            view = memoryview(payload)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        finally:
+            os.close(fd)
+        os.replace(temp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)

@@ -1,0 +1,216 @@
+"""`SqliteMediaStore`: one row per blob in a SQLite table, keyed by the SHA-256 digest.
+
+Connection handling, chosen for simplicity and speed: with `database=` the store opens **one**
+connection, lazily, inside a worker thread (`check_same_thread=False`, autocommit, WAL,
+`timeout=30`), keeps it for its lifetime and serializes every call on it with a lock. Reopening
+per call would pay a connect and a `PRAGMA journal_mode` round trip each time for no gain:
+`sqlite3` runs one statement at a time per connection anyway, and blob calls are few and large.
+`close()` / `aclose()` release it (a later call reopens it). With `connection=` the caller's
+connection is used as it is and never closed; calls through this store are serialized with the
+store's own lock, so coordinate with other users of that connection yourself.
+
+Every blocking call runs through `anyio.to_thread.run_sync`, which is why a caller's connection
+must have been opened with `check_same_thread=False`; the constructor checks and says so.
+
+Writes are `INSERT OR IGNORE`: the first put of a payload fixes its `media_type` and metadata.
+A put commits only when the connection had no transaction open before it, so a caller's own
+transaction (or a Python 3.12 `autocommit=False` connection) decides when the row lands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+import anyio.to_thread
+
+from .._context import EMPTY_CONTEXT, MediaContext
+from .._protocol import PublicUrlResolver, decode_metadata, encode_metadata, resolve_public_url
+from .._uri import parse_media_uri, uri_for_digest
+
+__all__ = ['SqliteMediaStore']
+
+_TABLE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
+_MEMORY = ':memory:'
+_R = TypeVar('_R')
+
+
+class SqliteMediaStore:
+    """A `MediaStore` keeping blobs in a SQLite table (`sha256`, `media_type`, `bytes`, `size_bytes`, `metadata`).
+
+    Give exactly one of `database=` (a path; the store owns the connection) or `connection=` (a
+    `sqlite3.Connection` opened with `check_same_thread=False`; the caller owns it). `table` must
+    be a plain identifier. The table is created on first use; a table from an older layout gets
+    its missing `media_type` / `metadata` columns added.
+    """
+
+    def __init__(
+        self,
+        *,
+        database: str | os.PathLike[str] | None = None,
+        connection: sqlite3.Connection | None = None,
+        table: str = 'media',
+        public_url: PublicUrlResolver | None = None,
+    ) -> None:
+        if (database is None) == (connection is None):
+            raise ValueError(
+                'provide exactly one of database= (a path the store opens itself) or connection= '
+                f'(an open sqlite3.Connection); got database={database!r}, connection={connection!r}'
+            )
+        if not isinstance(table, str) or not _TABLE_NAME.fullmatch(table):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'invalid table name: {table!r}; expected [A-Za-z_][A-Za-z0-9_]*')
+        if connection is not None:
+            _require_cross_thread_use(connection)
+        self._database = None if database is None else os.fspath(database)
+        self._connection = connection
+        self._owns_connection = connection is None
+        self._table = table
+        self._public_url = public_url
+        self._lock = threading.Lock()
+        self._schema_ready = False
+
+    def __repr__(self) -> str:
+        where = f'database={self._database!r}' if self._database is not None else 'connection=<caller-owned>'
+        return f'{type(self).__name__}({where}, table={self._table!r})'
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        return await self._run(lambda conn: self._put_sync(conn, data, context))
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        digest = parse_media_uri(uri)
+        return await self._run(lambda conn: self._get_sync(conn, digest, uri))
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        digest = parse_media_uri(uri)
+        return await self._run(lambda conn: self._exists_sync(conn, digest))
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        return await resolve_public_url(self._public_url, uri, context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str]:
+        digest = parse_media_uri(uri)
+        return await self._run(lambda conn: self._metadata_sync(conn, digest, uri))
+
+    def close(self) -> None:
+        """Close the connection this store opened (a caller's `connection=` is left alone)."""
+        with self._lock:
+            if self._owns_connection and self._connection is not None:
+                self._connection.close()
+                self._connection = None
+                self._schema_ready = False
+
+    async def aclose(self) -> None:
+        """`close()` on a worker thread, so the event loop never waits on the lock."""
+        await anyio.to_thread.run_sync(self.close)
+
+    # -- blocking bodies, run on a worker thread under the lock -------------------------------------
+
+    def _put_sync(self, conn: sqlite3.Connection, data: bytes, context: MediaContext) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        had_transaction = conn.in_transaction
+        # Checking first spares binding (and copying) a large payload that is already stored;
+        # INSERT OR IGNORE still settles a race with another writer of the same bytes.
+        if conn.execute(f'SELECT 1 FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone() is None:
+            conn.execute(
+                f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata) '
+                'VALUES (?, ?, ?, ?, ?)',
+                (digest, context.media_type, data, len(data), encode_metadata(context.metadata)),
+            )
+            if not had_transaction and conn.in_transaction:
+                conn.commit()
+        return uri_for_digest(digest)
+
+    def _get_sync(self, conn: sqlite3.Connection, digest: str, uri: str) -> bytes:
+        row = conn.execute(f'SELECT bytes FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone()
+        if row is None:
+            raise FileNotFoundError(f'media not found: {uri}')
+        value: object = row[0]
+        if not isinstance(value, bytes):
+            raise ValueError(f'media row for {uri} has wrong types: bytes column holds {type(value).__name__}')
+        return value
+
+    def _exists_sync(self, conn: sqlite3.Connection, digest: str) -> bool:
+        return conn.execute(f'SELECT 1 FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone() is not None
+
+    def _metadata_sync(self, conn: sqlite3.Connection, digest: str, uri: str) -> dict[str, str]:
+        row = conn.execute(f'SELECT metadata FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone()
+        if row is None:
+            raise FileNotFoundError(f'media not found: {uri}')
+        raw: object = row[0]
+        if raw is None:  # rows written by other code may leave it NULL: no metadata
+            return {}
+        try:
+            return decode_metadata(raw)
+        except ValueError as exc:
+            raise ValueError(f'unreadable metadata for {uri} in table {self._table!r}: {exc}') from exc
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    async def _run(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
+        return await anyio.to_thread.run_sync(self._locked, body)
+
+    def _locked(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
+        with self._lock:
+            return body(self._conn())
+
+    def _conn(self) -> sqlite3.Connection:
+        """The connection, opened (on this worker thread) and given its schema on first use; call under the lock."""
+        conn = self._connection
+        if conn is None:
+            assert self._database is not None
+            if self._database != _MEMORY:
+                Path(self._database).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self._database, isolation_level=None, check_same_thread=False, timeout=30)
+            conn.execute('PRAGMA journal_mode=WAL')
+            self._connection = conn
+        if not self._schema_ready:
+            self._ensure_schema(conn)
+        return conn
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        # Never commits: inside a caller's transaction the table lands only if the caller commits,
+        # so it is marked ready only when no transaction was open, and re-checked otherwise.
+        in_transaction = conn.in_transaction
+        conn.execute(
+            f'CREATE TABLE IF NOT EXISTS "{self._table}" ('
+            'sha256 TEXT PRIMARY KEY, media_type TEXT, bytes BLOB NOT NULL, '
+            'size_bytes INTEGER NOT NULL, metadata TEXT)'
+        )
+        columns = {row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")')}
+        for column in ('media_type', 'metadata'):
+            if column not in columns:
+                conn.execute(f'ALTER TABLE "{self._table}" ADD COLUMN {column} TEXT')
+        if not in_transaction:
+            self._schema_ready = True
+
+
+def _require_cross_thread_use(connection: sqlite3.Connection) -> None:
+    """Fail fast, with the reason, on a connection that only its creating thread may use."""
+    failures: list[sqlite3.ProgrammingError] = []
+
+    def probe() -> None:
+        try:
+            connection.cursor().close()
+        except sqlite3.ProgrammingError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=probe, name='pydantic-ai-steps-sqlite-probe', daemon=True)
+    thread.start()
+    thread.join()
+    if not failures:
+        return
+    error = failures[0]
+    if 'thread' in str(error):
+        raise ValueError(
+            'SqliteMediaStore(connection=...) needs a connection opened with '
+            'sqlite3.connect(..., check_same_thread=False): every store call runs on a worker thread '
+            '(anyio.to_thread) so the event loop never blocks on disk I/O, and this connection may only be '
+            'used by the thread that created it'
+        ) from error
+    raise error
