@@ -34,15 +34,22 @@ def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
                     open_calls.add(part.tool_call_id)
             continue
         for part in message.parts:
-            legacy_retry = isinstance(part, RetryPromptPart) and part.tool_name is not None  # pyright: ignore[reportDeprecated]
-            if isinstance(part, ToolReturnPart) or legacy_retry:
-                answered = part.tool_call_id
-            else:
+            answered = _answered_call(part)
+            if answered is None:
                 continue
             if answered not in open_calls:
                 return False
             open_calls.discard(answered)
     return not open_calls
+
+
+def _answered_call(part: object) -> str | None:
+    """The tool call id a request part answers, if it answers one."""
+    if isinstance(part, ToolReturnPart):
+        return part.tool_call_id
+    if isinstance(part, RetryPromptPart) and part.tool_name is not None:  # pyright: ignore[reportDeprecated]
+        return part.tool_call_id
+    return None
 
 
 async def continue_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
