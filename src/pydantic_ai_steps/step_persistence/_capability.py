@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import operator
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -21,7 +22,6 @@ from . import _context
 from ._errors import RunAlreadyExistsError
 from ._events import SnapshotSaved
 from ._helpers import is_provider_valid
-from ._history import HistoryTracker
 from ._protocol import StepStore
 from ._records import ContinuableSnapshot, EventKind, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, utc_now
 from .stores.memory import InMemoryStepStore
@@ -71,7 +71,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     """`(agent_name, pydantic-ai run id)` when the run id was derived, so a clash can draw again."""
     _event_sequence: int = field(default=0, init=False, repr=False)
     _snapshot_sequence: int = field(default=0, init=False, repr=False)
-    _saved_history: HistoryTracker[None] = field(default_factory=HistoryTracker[None], init=False, repr=False)
+    _last_saved: list[ModelMessage] | None = field(default=None, init=False, repr=False)
     _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
     _last_request_step: int | None = field(default=None, init=False, repr=False)
     _output_tool_names: frozenset[str] = field(default=frozenset[str](), init=False, repr=False)
@@ -295,8 +295,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             state=state,
             snapshot_index=index,
         )
-        delta = self._saved_history.delta(self._run_id, messages)
-        self._saved_history.commit(delta, dict.fromkeys(delta.candidates), 0)
+        self._last_saved = messages
         self._last_snapshot_step = step_index
         await ctx.emit(
             SnapshotSaved(
@@ -308,10 +307,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         )
 
     def _unchanged_since_last_save(self, messages: list[ModelMessage]) -> bool:
-        if self._last_snapshot_step is None:
-            return False
-        delta = self._saved_history.delta(self._run_id, messages)
-        return not delta.candidates and len(delta.messages) == len(delta.previous.positions if delta.previous else ())
+        """Whether the final history is, message for message, the one last saved.
+
+        Identity is enough here: nothing stamps messages once the run's last boundary has passed,
+        and a capability that rewrites the final history builds new message objects.
+        """
+        saved = self._last_saved
+        return saved is not None and len(saved) == len(messages) and all(map(operator.is_, saved, messages))
 
     # --- run lifecycle ----------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ message and attribute, plus serializing the candidates only.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -56,16 +57,17 @@ def content_digest(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
-def _shape(message: ModelMessage) -> tuple[object, ...]:
+def _shape(message: ModelMessage) -> list[object]:
     """References to everything the framework reassigns on a message or its parts."""
     values: list[object] = list(vars(message).values())
     for part in message.parts:
-        values.extend(vars(part).values())
-    return tuple(values)
+        values += vars(part).values()
+    return values
 
 
-def _same(left: tuple[object, ...], right: tuple[object, ...]) -> bool:
-    return len(left) == len(right) and all(a is b for a, b in zip(left, right, strict=True))
+def _same(left: list[object], right: list[object]) -> bool:
+    """Identity of every value; `map`/`all` keep this loop in C, it runs per message per step."""
+    return len(left) == len(right) and all(map(operator.is_, left, right))
 
 
 StoredT = TypeVar('StoredT')
@@ -74,7 +76,7 @@ StoredT = TypeVar('StoredT')
 @dataclass
 class _Seen(Generic[StoredT]):
     message: ModelMessage
-    shape: tuple[object, ...]
+    shape: list[object]
     stored: StoredT
     """What the store holds for this position: a content digest, or a private copy."""
 
