@@ -18,6 +18,8 @@
 #
 # Env file ($STATE/env):
 #   TEST_S3_ENDPOINT  TEST_S3_ACCESS_KEY  TEST_S3_SECRET_KEY    moto_server, SigV4 checking on
+#   TEST_S3_SESSION_ACCESS_KEY TEST_S3_SESSION_SECRET_KEY TEST_S3_SESSION_TOKEN
+#                                                               temporary (STS) credentials on moto
 #   TEST_S3B_ENDPOINT TEST_S3B_ACCESS_KEY TEST_S3B_SECRET_KEY   SeaweedFS (`weed mini`), a real S3 server
 #
 # Why two S3 servers: moto recomputes every signature with botocore's S3 signer (catches
@@ -141,32 +143,44 @@ moto_start() {
   wait_for 60 "$VENV/bin/python" -c "import urllib.request as u; u.urlopen('$ep/moto-api/', timeout=2)" ||
     fail_with_log moto "$STATE/log/moto.log" "moto_server did not answer on $ep"
   # Auth is off by default. Make an IAM user allowed s3:* with a random key through moto's own IAM
-  # API, then switch checking on (reset-auth with 0 = no more unauthenticated requests).
+  # API, and a role it may assume (for temporary credentials with a session token); then switch
+  # checking on (reset-auth with 0 = no more unauthenticated requests) and assume the role.
   local keys
   keys=$("$VENV/bin/python" - "$ep" 2>>"$STATE/log/moto.log" <<'EOF'
 import json, sys, urllib.request
 import boto3
 ep = sys.argv[1]
-iam = boto3.client('iam', endpoint_url=ep, region_name='us-east-1',
-                   aws_access_key_id='bootstrap', aws_secret_access_key='bootstrap')
+def policy(statement):
+    return json.dumps({'Version': '2012-10-17', 'Statement': [statement]})
+boot = dict(endpoint_url=ep, region_name='us-east-1', aws_access_key_id='bootstrap', aws_secret_access_key='bootstrap')
+iam = boto3.client('iam', **boot)
 iam.create_user(UserName='steps-tests')
-iam.put_user_policy(UserName='steps-tests', PolicyName='s3-all', PolicyDocument=json.dumps({
-    'Version': '2012-10-17',
-    'Statement': [{'Effect': 'Allow', 'Action': 's3:*', 'Resource': '*'}]}))
+iam.put_user_policy(UserName='steps-tests', PolicyName='s3-all', PolicyDocument=policy(
+    {'Effect': 'Allow', 'Action': ['s3:*', 'sts:AssumeRole'], 'Resource': '*'}))
 key = iam.create_access_key(UserName='steps-tests')['AccessKey']
+role = iam.create_role(RoleName='steps-tests-session', AssumeRolePolicyDocument=policy(
+    {'Effect': 'Allow', 'Principal': {'AWS': '*'}, 'Action': 'sts:AssumeRole'}))['Role']
+iam.put_role_policy(RoleName='steps-tests-session', PolicyName='s3-all', PolicyDocument=policy(
+    {'Effect': 'Allow', 'Action': 's3:*', 'Resource': '*'}))
 # urllib's default form content type would make Flask swallow the body; moto reads it raw.
 reset = urllib.request.Request(f'{ep}/moto-api/reset-auth', data=b'0', method='POST',
                                headers={'Content-Type': 'application/octet-stream'})
 urllib.request.urlopen(reset, timeout=5)
-print(key['AccessKeyId'], key['SecretAccessKey'])
+sts = boto3.client('sts', endpoint_url=ep, region_name='us-east-1',
+                   aws_access_key_id=key['AccessKeyId'], aws_secret_access_key=key['SecretAccessKey'])
+temp = sts.assume_role(RoleArn=role['Arn'], RoleSessionName='steps-tests', DurationSeconds=43200)['Credentials']
+print(key['AccessKeyId'], key['SecretAccessKey'], temp['AccessKeyId'], temp['SecretAccessKey'], temp['SessionToken'])
 EOF
   ) || fail_with_log moto "$STATE/log/moto.log" "could not create moto IAM credentials"
-  local ak sk
-  read -r ak sk <<<"$keys"
+  local ak sk tak tsk token
+  read -r ak sk tak tsk token <<<"$keys"
   env_fragment moto <<EOF
 export TEST_S3_ENDPOINT=$ep
 export TEST_S3_ACCESS_KEY=$ak
 export TEST_S3_SECRET_KEY=$sk
+export TEST_S3_SESSION_ACCESS_KEY=$tak
+export TEST_S3_SESSION_SECRET_KEY=$tsk
+export TEST_S3_SESSION_TOKEN=$token
 EOF
 }
 

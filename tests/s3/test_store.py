@@ -319,6 +319,9 @@ async def test_retry_after_header_is_honoured(fake: FakeS3, delays: list[float])
     [
         (error_response(403, 'AccessDenied', 'Access Denied'), S3AuthError),
         (error_response(403, 'RequestTimeTooSkewed'), S3AuthError),
+        (error_response(400, 'InvalidToken', 'The provided token is malformed'), S3AuthError),
+        (error_response(400, 'ExpiredToken'), S3AuthError),
+        (error_response(400, 'AuthorizationHeaderMalformed', "expecting 'eu-west-1'"), S3AuthError),
         (error_response(400, 'InvalidArgument'), S3RequestError),
         (error_response(409, 'OperationAborted'), S3RequestError),
         (error_response(301, 'PermanentRedirect', 'use the eu-west-1 endpoint'), S3RequestError),

@@ -84,6 +84,19 @@ _THROTTLE_CODES = frozenset(
     }
 )
 
+# Credential problems S3 reports with 400 rather than 403 (e.g. a bad or expired session token,
+# or a signing region the bucket is not in): still an authentication failure for the caller.
+_AUTH_CODES = frozenset(
+    {
+        'AuthorizationHeaderMalformed',
+        'ExpiredToken',
+        'InvalidAccessKeyId',
+        'InvalidToken',
+        'SignatureDoesNotMatch',
+        'TokenRefreshRequired',
+    }
+)
+
 _sleep = anyio.sleep  # module-level indirection so tests can record backoff delays
 
 
@@ -114,7 +127,7 @@ class S3Error(Exception):
 
 
 class S3AuthError(S3Error, PermissionError):
-    """401/403: wrong or unknown credentials, a skewed clock, or a missing permission."""
+    """401/403 (or a credential error code): wrong credentials, token or region, a skewed clock, no permission."""
 
 
 class S3NotFound(S3Error, FileNotFoundError):
@@ -613,7 +626,7 @@ class S3MediaStore:
         where = f's3://{self.bucket}/{key}'
         cls: type[S3Error]
         retryable = False
-        if status_for_class in (401, 403):
+        if status_for_class in (401, 403) or (400 <= status_for_class < 500 and code in _AUTH_CODES):
             cls, text = (
                 S3AuthError,
                 f'S3 {op} {where} was refused: {detail}; {_auth_hint(code, method, self._masked_key)}',
@@ -797,6 +810,8 @@ def _auth_hint(code: str | None, method: str, masked_key: str) -> str:
         return f'access key {masked_key} is not known to this server'
     if code in ('ExpiredToken', 'InvalidToken', 'TokenRefreshRequired'):
         return 'the session token is expired or invalid'
+    if code == 'AuthorizationHeaderMalformed':
+        return 'the request was signed for a region the server does not accept (check region=)'
     if code == 'RequestTimeTooSkewed':
         return "this machine's clock differs too much from the server's; sync it (NTP)"
     if code == 'AccessDenied':
