@@ -1,0 +1,136 @@
+"""`SqliteMediaStore` specifics: constructor checks, schema, WAL, transactions, shared connections."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from pydantic_ai_steps.media import MediaContext, SqliteMediaStore, media_uri_for
+
+pytestmark = pytest.mark.anyio
+
+
+def test_exactly_one_of_database_or_connection(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match='exactly one of database='):
+        SqliteMediaStore()
+    connection = sqlite3.connect(':memory:', check_same_thread=False)
+    with pytest.raises(ValueError, match='exactly one of database='):
+        SqliteMediaStore(database=tmp_path / 'x.db', connection=connection)
+    connection.close()
+
+
+@pytest.mark.parametrize('table', ['', '1media', 'media; DROP TABLE x', 'me-dia', 'mé'])
+def test_table_name_is_validated(tmp_path: Path, table: str) -> None:
+    with pytest.raises(ValueError, match='invalid table name'):
+        SqliteMediaStore(database=tmp_path / 'x.db', table=table)
+
+
+def test_connection_must_allow_other_threads(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / 'x.db')
+    with pytest.raises(ValueError, match='check_same_thread=False') as caught:
+        SqliteMediaStore(connection=connection)
+    assert 'worker thread' in str(caught.value)
+    connection.close()
+
+
+def test_connection_owned_by_another_live_thread_is_rejected_too(tmp_path: Path) -> None:
+    holder: list[sqlite3.Connection] = []
+    opened, release = threading.Event(), threading.Event()
+
+    def owner() -> None:
+        holder.append(sqlite3.connect(tmp_path / 'x.db'))
+        opened.set()
+        release.wait()
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    opened.wait()
+    try:
+        with pytest.raises(ValueError, match='check_same_thread=False'):
+            SqliteMediaStore(connection=holder[0])
+    finally:
+        release.set()
+        thread.join()
+
+
+async def test_database_mode_layout_wal_and_columns(tmp_path: Path) -> None:
+    path = tmp_path / 'sub' / 'media.db'
+    store = SqliteMediaStore(database=path)
+    uri = await store.put(b'png', context=MediaContext(media_type='image/png', metadata={'k': 'v'}))
+    store.close()
+    with sqlite3.connect(path) as check:
+        assert check.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+        row = check.execute('SELECT sha256, media_type, bytes, size_bytes, metadata FROM media').fetchone()
+    assert row[0] == uri.removeprefix('media+sha256://')
+    assert row[1:4] == ('image/png', b'png', 3)
+    assert row[4] == '{"k":"v"}'
+    reopened = SqliteMediaStore(database=path)  # closed stores reopen; data persisted
+    assert await reopened.get(uri) == b'png'
+    await reopened.aclose()
+
+
+async def test_first_put_fixes_media_type_and_metadata(tmp_path: Path) -> None:
+    store = SqliteMediaStore(database=tmp_path / 'm.db')
+    uri = await store.put(b'x', context=MediaContext(media_type='image/png', metadata={'a': '1'}))
+    await store.put(b'x', context=MediaContext(media_type='image/gif', metadata={'a': '2'}))
+    assert await store.get_metadata(uri) == {'a': '1'}
+    store.close()
+
+
+async def test_caller_transaction_decides_when_the_row_lands(tmp_path: Path) -> None:
+    path = tmp_path / 'tx.db'
+    connection = sqlite3.connect(path, check_same_thread=False)
+    store = SqliteMediaStore(connection=connection)
+    await store.put(b'warm-up')  # creates the table outside any transaction
+    connection.execute('BEGIN')
+    uri = await store.put(b'inside a transaction')
+    assert connection.in_transaction
+    with sqlite3.connect(path) as other:
+        assert other.execute('SELECT count(*) FROM media').fetchone()[0] == 1
+    connection.rollback()
+    assert await store.exists(uri) is False
+    uri = await store.put(b'autocommitted')
+    with sqlite3.connect(path) as other:
+        assert other.execute('SELECT count(*) FROM media').fetchone()[0] == 2
+    assert await store.exists(uri)
+    connection.close()
+
+
+async def test_older_table_without_metadata_column_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / 'old.db'
+    with sqlite3.connect(path) as old:
+        old.execute('CREATE TABLE media (sha256 TEXT PRIMARY KEY, bytes BLOB NOT NULL, size_bytes INTEGER NOT NULL)')
+        old.execute('INSERT INTO media VALUES (?, ?, ?)', (media_uri_for(b'old')[-64:], b'old', 3))
+    old.close()
+    store = SqliteMediaStore(database=path)
+    assert await store.get(media_uri_for(b'old')) == b'old'
+    assert await store.get_metadata(media_uri_for(b'old')) == {}  # NULL metadata reads as none
+    uri = await store.put(b'new', context=MediaContext(media_type='text/plain', metadata={'x': 'y'}))
+    assert await store.get_metadata(uri) == {'x': 'y'}
+    store.close()
+
+
+async def test_foreign_rows_of_the_wrong_type_are_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / 'f.db'
+    store = SqliteMediaStore(database=path)
+    await store.put(b'seed')
+    store.close()
+    digest = media_uri_for(b'text row')[-64:]
+    with sqlite3.connect(path) as other:
+        other.execute('INSERT INTO media VALUES (?, NULL, ?, 1, ?)', (digest, 'not bytes', '[1]'))
+    other.close()
+    with pytest.raises(ValueError, match='wrong types'):
+        await store.get(media_uri_for(b'text row'))
+    with pytest.raises(ValueError, match='must be a JSON object'):
+        await store.get_metadata(media_uri_for(b'text row'))
+    store.close()
+
+
+async def test_memory_database_keeps_its_data_for_the_store_lifetime() -> None:
+    store = SqliteMediaStore(database=':memory:')
+    uri = await store.put(b'in memory')
+    assert await store.get(uri) == b'in memory'
+    store.close()
