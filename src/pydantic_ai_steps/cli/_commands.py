@@ -1,0 +1,329 @@
+"""The inspector commands: read a store, print a table, a tree, text or JSON.
+
+Each command is an async function of the parsed arguments and an `Output`. Reading lives in
+`_inspect`, drawing in `_render` and `_messages`; this module only joins them, so every command
+has the same shape: resolve the store, read, print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+from ..step_persistence import ContinuableSnapshot, continue_run
+from ..step_persistence._codec import event_to_dict, run_to_dict, tool_effect_to_dict
+from . import _inspect
+from ._errors import CliError
+from ._messages import media_policy, render_messages
+from ._render import STATUS_COLOURS, Cell, ProgressLine, Style, TreeNode, size, table, terminal_width, tree, when
+from ._stores import InspectableStore, StoreLocation, open_existing
+
+
+@dataclass
+class Output:
+    """Where a command writes, and how: colour and table width follow the stream."""
+
+    stream: TextIO
+    style: Style
+    width: int | None
+
+    @classmethod
+    def for_stream(cls, stream: TextIO) -> Output:
+        return cls(stream, Style.for_stream(stream), terminal_width(stream))
+
+    def line(self, text: str = '') -> None:
+        self.stream.write(text + '\n')
+
+    def json(self, value: Any) -> None:
+        json.dump(value, self.stream, indent=2, ensure_ascii=False)
+        self.stream.write('\n')
+
+
+Command = Callable[[argparse.Namespace, Output], Awaitable[None]]
+
+
+def store_from_args(args: argparse.Namespace) -> tuple[StoreLocation, InspectableStore]:
+    value: str | None = args.store
+    if not value:
+        raise CliError('no store given: pass --store URL (for example --store sqlite:///steps-demo.db)')
+    return open_existing(value)
+
+
+def summary_dict(summary: _inspect.RunSummary) -> dict[str, Any]:
+    return {
+        **run_to_dict(summary.record),
+        'status': summary.status,
+        'steps': summary.steps,
+        'events': summary.events,
+        'unresolved_effects': summary.unresolved_effects,
+        'error': summary.error,
+    }
+
+
+def snapshot_dict(snapshot: ContinuableSnapshot) -> dict[str, Any]:
+    return {
+        'run_id': snapshot.run_id,
+        'step_index': snapshot.step_index,
+        'state': snapshot.state,
+        'timestamp': snapshot.timestamp.isoformat(),
+        'conversation_id': snapshot.conversation_id,
+        'parent_run_id': snapshot.parent_run_id,
+        'agent_name': snapshot.agent_name,
+        'messages': ModelMessagesTypeAdapter.dump_python(snapshot.messages, mode='json'),
+    }
+
+
+def _status(status: str) -> Cell:
+    return (status, STATUS_COLOURS.get(status, ''))
+
+
+async def cmd_runs(args: argparse.Namespace, out: Output) -> None:
+    """Table of runs, oldest first, so the newest is the last line (as `list_runs(...)[-1]`)."""
+    _, store = store_from_args(args)
+    with ProgressLine('reading runs') as progress:
+        summaries = await _inspect.list_summaries(
+            store,
+            conversation_id=args.conversation,
+            parent_run_id=args.parent,
+            agent_name=args.agent,
+            progress=progress,
+        )
+    if args.json:
+        out.json([summary_dict(summary) for summary in summaries])
+        return
+    if not summaries:
+        out.line('no runs match' if (args.conversation or args.parent or args.agent) else 'the store has no runs')
+        return
+    rows: list[list[Cell]] = [
+        [
+            summary.record.run_id,
+            summary.record.agent_name or '-',
+            summary.record.conversation_id or '-',
+            summary.record.parent_run_id or '-',
+            when(summary.record.started_at),
+            _status(summary.status),
+            str(summary.steps),
+        ]
+        for summary in summaries
+    ]
+    headers = ['RUN', 'AGENT', 'CONVERSATION', 'PARENT', 'STARTED (UTC)', 'STATUS', 'STEPS']
+    out.line(table(headers, rows, out.style, width=out.width))
+
+
+async def cmd_tree(args: argparse.Namespace, out: Output) -> None:
+    """Runs under the runs that delegated them (`parent_run_id`), with status and open effects."""
+    location, store = store_from_args(args)
+    if args.run is not None:
+        await _inspect.require_run(store, args.run, location.url)
+    with ProgressLine('reading runs') as progress:
+        roots = await _inspect.run_tree(store, root_run_id=args.run, progress=progress)
+    if args.json:
+        out.json([_tree_dict(root) for root in roots])
+        return
+    if not roots:
+        out.line('the store has no runs')
+        return
+    out.line(tree([tree_node(root, out.style) for root in roots], out.stream))
+
+
+def _tree_dict(summary: _inspect.RunSummary) -> dict[str, Any]:
+    return {**summary_dict(summary), 'children': [_tree_dict(child) for child in summary.children]}
+
+
+def tree_node(summary: _inspect.RunSummary, style: Style) -> TreeNode:
+    record = summary.record
+    parts = [
+        style(record.run_id, 'bold'),
+        style(f'[{record.agent_name}]', 'cyan') if record.agent_name else '',
+        style(summary.status, STATUS_COLOURS[summary.status]),
+        f'{summary.steps} step' + ('' if summary.steps == 1 else 's'),
+    ]
+    if record.conversation_id:
+        parts.append(style(f'conversation {record.conversation_id}', 'dim'))
+    if summary.unresolved_effects:
+        count = summary.unresolved_effects
+        parts.append(style(f'{count} unresolved tool effect' + ('' if count == 1 else 's'), 'yellow', 'bold'))
+    label = '  '.join(part for part in parts if part)
+    return TreeNode(label, [tree_node(child, style) for child in summary.children])
+
+
+async def cmd_events(args: argparse.Namespace, out: Output) -> None:
+    """A run's event log in append order."""
+    location, store = store_from_args(args)
+    await _inspect.require_run(store, args.run, location.url)
+    events = await store.list_events(run_id=args.run)
+    if args.json:
+        out.json([event_to_dict(event) for event in events])
+        return
+    if not events:
+        out.line(f'run {args.run} has no events')
+        return
+    rows: list[list[Cell]] = []
+    for index, event in enumerate(events, start=1):
+        colour = 'red' if event.kind.endswith('_failed') else 'green' if event.kind.endswith('_completed') else ''
+        rows.append(
+            [
+                str(index),
+                when(event.timestamp),
+                str(event.step_index),
+                (event.kind, colour),
+                event.tool_name or '',
+                event.tool_call_id or '',
+                (event.error or '', 'red'),
+            ]
+        )
+    headers = ['#', 'TIME (UTC)', 'STEP', 'KIND', 'TOOL', 'TOOL CALL', 'ERROR']
+    out.line(table(headers, rows, out.style, width=out.width))
+    last = events[-1].kind
+    if last not in ('run_completed', 'run_failed'):
+        out.line(
+            out.style(f'the log ends with {last}: no closing event, so the run is unfinished', 'yellow')
+            + ' (still running, or its process died)'
+        )
+
+
+async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
+    """The tool side-effect ledger of a run; `started` entries are the ones recovery must decide."""
+    location, store = store_from_args(args)
+    await _inspect.require_run(store, args.run, location.url)
+    effects = await _inspect.tool_effects(store, args.run, unresolved_only=args.unresolved)
+    if args.json:
+        out.json([{**tool_effect_to_dict(effect), 'unresolved': effect.status == 'started'} for effect in effects])
+        return
+    if not effects:
+        out.line(f'run {args.run} has no ' + ('unresolved tool effects' if args.unresolved else 'tool effects'))
+        return
+    rows: list[list[Cell]] = [
+        [
+            effect.tool_call_id,
+            effect.tool_name,
+            _status(effect.status),
+            when(effect.started_at),
+            when(effect.ended_at),
+            effect.idempotency_key or '-',
+            effect.effect_summary or '-',
+        ]
+        for effect in effects
+    ]
+    headers = ['TOOL CALL', 'TOOL', 'STATUS', 'STARTED (UTC)', 'ENDED (UTC)', 'IDEMPOTENCY KEY', 'SUMMARY']
+    out.line(table(headers, rows, out.style, width=out.width))
+    if any(effect.status == 'started' for effect in effects):
+        out.line(
+            out.style('started', 'yellow')
+            + ' with no end: if the run is dead, the side effect may or may not have happened'
+            ' (unknown after crash). Check its idempotency key against the system it writes to before redoing it.'
+        )
+
+
+async def cmd_snapshot(args: argparse.Namespace, out: Output) -> None:
+    """The newest continuable snapshot of a run, messages rendered for reading."""
+    location, store = store_from_args(args)
+    await _inspect.require_run(store, args.run, location.url)
+    snapshot = await store.latest_snapshot(run_id=args.run, include_interrupted=args.include_interrupted)
+    if snapshot is None:
+        hint = '' if args.include_interrupted else ' (--include-interrupted also considers interrupted ones)'
+        kind = 'snapshot' if args.include_interrupted else 'complete snapshot'
+        raise CliError(f'run {args.run!r} has no {kind}{hint}')
+    if args.json:
+        out.json(snapshot_dict(snapshot))
+        return
+    style = out.style
+    count = len(snapshot.messages)
+    out.line(
+        style(f'run {args.run}', 'bold')
+        + f'  snapshot at step {snapshot.step_index}  '
+        + style(snapshot.state, STATUS_COLOURS[snapshot.state])
+        + f'  {when(snapshot.timestamp)} UTC  {count} message'
+        + ('' if count == 1 else 's')
+    )
+    out.line(render_messages(snapshot.messages, style, media_policy(store), full=args.full))
+
+
+async def cmd_stats(args: argparse.Namespace, out: Output) -> None:
+    """Totals of the whole store: how much it holds and what it costs on disk."""
+    location, store = store_from_args(args)
+    with ProgressLine('reading runs') as progress:
+        stats = await _inspect.store_stats(
+            store,
+            bytes_on_disk=location.backend.size_bytes(location),
+            media_blobs=location.backend.media_blobs(location),
+            progress=progress,
+        )
+    if args.json:
+        out.json(
+            {
+                'store': location.url,
+                'runs': stats.runs,
+                'events': stats.events,
+                'snapshots': stats.snapshots,
+                'interrupted_snapshots': stats.interrupted_snapshots,
+                'unresolved_effects': stats.unresolved_effects,
+                'bytes': stats.bytes_on_disk,
+                'media_blobs': stats.media_blobs,
+            }
+        )
+        return
+    rows: list[list[Cell]] = [
+        ['store', location.url],
+        ['runs', f'{stats.runs:,}'],
+        ['events', f'{stats.events:,}'],
+        ['snapshots', f'{stats.snapshots:,} ({stats.interrupted_snapshots:,} interrupted)'],
+        ['unresolved effects', (f'{stats.unresolved_effects:,}', 'yellow' if stats.unresolved_effects else '')],
+        ['bytes on disk', size(stats.bytes_on_disk)],
+        ['media blobs', f'{stats.media_blobs:,}' if stats.media_blobs is not None else 'unknown'],
+    ]
+    out.line(table(None, rows, out.style, width=out.width))
+
+
+async def cmd_export(args: argparse.Namespace, out: Output) -> None:
+    """One JSON object per line: the run record, its events, its tool effects, every snapshot.
+
+    Each line carries `"type"` (`run`, `event`, `tool_effect`, `snapshot`), so `jq 'select(.type ==
+    "event")'` and friends work without knowing the order.
+    """
+    location, store = store_from_args(args)
+    record = await _inspect.require_run(store, args.run, location.url)
+    # A blocking file in an async command is fine here: the CLI runs nothing else concurrently.
+    target = open(args.output, 'w', encoding='utf-8') if args.output else None  # noqa: SIM115, ASYNC230
+    stream = target if target is not None else out.stream
+    try:
+        with ProgressLine(f'exporting {args.run}') as progress:
+            if record is not None:
+                _jsonl(stream, {'type': 'run', **run_to_dict(record)})
+            progress(1, 4)
+            for event in await store.list_events(run_id=args.run):
+                _jsonl(stream, {'type': 'event', **event_to_dict(event)})
+            progress(2, 4)
+            for effect in await _inspect.tool_effects(store, args.run, unresolved_only=False):
+                _jsonl(stream, {'type': 'tool_effect', **tool_effect_to_dict(effect)})
+            progress(3, 4)
+            for snapshot in await store.list_snapshots(run_id=args.run, include_interrupted=True):
+                _jsonl(stream, {'type': 'snapshot', **snapshot_dict(snapshot)})
+            progress(4, 4)
+    finally:
+        if target is not None:
+            target.close()
+    if target is not None:
+        sys.stderr.write(f'exported run {args.run} to {args.output}\n')
+
+
+def _jsonl(stream: TextIO, value: dict[str, Any]) -> None:
+    stream.write(json.dumps(value, ensure_ascii=False, separators=(',', ':')) + '\n')
+
+
+async def cmd_continue(args: argparse.Namespace, out: Output) -> None:
+    """The history to continue a run with, as JSON for `ModelMessagesTypeAdapter.validate_json`."""
+    location, store = store_from_args(args)
+    await _inspect.require_run(store, args.run, location.url)
+    try:
+        history = await continue_run(store, run_id=args.run, include_interrupted=args.include_interrupted)
+    except LookupError as error:
+        hint = '' if args.include_interrupted else ' (--include-interrupted also considers interrupted ones)'
+        raise CliError(f'{error}{hint}') from None
+    out.stream.write(ModelMessagesTypeAdapter.dump_json(history, indent=2).decode() + '\n')
