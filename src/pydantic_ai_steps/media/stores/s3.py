@@ -58,6 +58,8 @@ MIN_PART_SIZE: Final = 5 * MiB
 MAX_PARTS: Final = 10_000
 MAX_KEY_BYTES: Final = 1024
 BACKOFF_CAP_SECONDS: Final = 20.0
+ABORT_DEADLINE_SECONDS: Final = 30.0
+"""How long a failed or cancelled multipart upload may spend aborting itself (shielded from cancellation)."""
 _HASH_IN_THREAD_BYTES = 1 * MiB
 
 _METADATA_KEY = re.compile(r'[A-Za-z0-9-]+')
@@ -458,7 +460,7 @@ class S3MediaStore:
         problem: str | None = None
         # Shielded and bounded: it must run even when the upload was cancelled, and must not
         # hang a cancelled caller for long.
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self._abort_deadline()) as deadline:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_DEADLINE_SECONDS) as deadline:
             try:
                 await self._send(op='multipart abort', method='DELETE', key=key, query=[('uploadId', upload_id)])
             except S3Error as exc:
@@ -467,7 +469,7 @@ class S3MediaStore:
             else:
                 logger.info('aborted multipart upload of s3://%s/%s after a failure', self.bucket, key)
         if deadline.cancelled_caught:
-            problem = f'no answer within {self._abort_deadline():.0f} s'
+            problem = f'no answer within {ABORT_DEADLINE_SECONDS:.0f} s'
         if problem is None:
             return
         note = (
@@ -476,10 +478,6 @@ class S3MediaStore:
         )
         logger.warning('%s', note)
         cause.add_note(note)
-
-    def _abort_deadline(self) -> float:
-        read = self._timeout.read or 60.0
-        return read * (self._max_retries + 1) + 5.0
 
     async def _object_size(self, key: str) -> int | None:
         try:
