@@ -33,7 +33,6 @@ from typing import Any, Generic, TypeVar, cast, overload
 
 import pydantic
 from pydantic_ai.messages import (
-    ModelMessage,
     ModelRequest,
     ModelRequestPart,
     ModelResponse,
@@ -439,13 +438,11 @@ class _Restorer:
 # ----------------------------------------------------------------------------------------------
 # Public entry points
 
-MessageOrPart = ModelMessage | ModelRequestPart | ModelResponsePart
-
 
 @overload
 async def externalize_media(
-    node: Sequence[MessageOrPart], *, media_store: MediaStore, threshold_bytes: int
-) -> ExternalizedList[MessageOrPart]: ...
+    node: Sequence[_Msg], *, media_store: MediaStore, threshold_bytes: int
+) -> ExternalizedList[_Msg]: ...
 @overload
 async def externalize_media(node: _Msg, *, media_store: MediaStore, threshold_bytes: int) -> ExternalizedDict[_Msg]: ...
 @overload
