@@ -27,8 +27,10 @@
 # but accepts a double-encoded path. Together they cover what a hand-written signer gets wrong.
 #
 # Adding a server later (PostgreSQL, a MongoDB-wire server such as SecantusDB): write
-# `<name>_install`, `<name>_start` and `<name>_stop`, append <name> to SERVICES, and have
-# `<name>_start` record its PID with `spawn` and its settings with `env_fragment`.
+# `<name>_install`, `<name>_start` (record the PID with `spawn`, the settings with
+# `env_fragment`) and `<name>_stop` (signal the server and print the PIDs to wait for, usually
+# just `term_pid <name>`; PostgreSQL would run `pg_ctl stop -m fast` and print nothing), plus an
+# optional `<name>_cleanup` run after every server has exited; then append <name> to SERVICES.
 #
 # Works as root on a fresh Debian 12 machine with python3 (3.11+) and pip; needs no curl/docker.
 set -euo pipefail
@@ -79,18 +81,32 @@ spawn() {
   echo $! >"$STATE/$name.pid"
 }
 
-# stop_pid NAME : SIGTERM the recorded process, wait up to 15 s, then SIGKILL it.
-stop_pid() {
+# term_pid NAME : SIGTERM the process `spawn` recorded for NAME and print its PID (nothing if
+# it is not running). Servers stop in parallel: signal them all, then `reap` the PIDs.
+term_pid() {
   local f=$STATE/$1.pid pid
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
   rm -f "$f"
-  kill "$pid" 2>/dev/null || return 0
-  for _ in $(seq 150); do
-    kill -0 "$pid" 2>/dev/null || return 0
+  kill "$pid" 2>/dev/null && echo "$pid"
+  return 0
+}
+
+# reap PID... : wait up to 15 s for every PID to exit, then SIGKILL what is left.
+reap() {
+  local end=$((SECONDS + 15)) pid alive
+  while :; do
+    alive=()
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+    ((${#alive[@]})) || return 0
+    if ((SECONDS >= end)); then
+      log "SIGKILL after 15 s: ${alive[*]}"
+      kill -9 "${alive[@]}" 2>/dev/null || true
+      return 0
+    fi
+    set -- "${alive[@]}"
     sleep 0.1
   done
-  kill -9 "$pid" 2>/dev/null || true
 }
 
 # env_fragment NAME < lines : the service's `export ...` lines, concatenated into $STATE/env.
@@ -184,7 +200,7 @@ export TEST_S3_SESSION_TOKEN=$token
 EOF
 }
 
-moto_stop() { stop_pid moto; }
+moto_stop() { term_pid moto; }
 
 # ---------------------------------------------------------------- SeaweedFS (real S3 server)
 
@@ -249,8 +265,10 @@ export TEST_S3B_SECRET_KEY=$sk
 EOF
 }
 
-seaweedfs_stop() {
-  stop_pid seaweedfs
+seaweedfs_stop() { term_pid seaweedfs; }
+
+# Runs once the process has exited (weed removes its own /tmp gRPC sockets on SIGTERM).
+seaweedfs_cleanup() {
   if [ -f "$STATE/seaweedfs.sockdir" ]; then
     rm -rf "$(cat "$STATE/seaweedfs.sockdir")"
     rm -f "$STATE/seaweedfs.sockdir"
@@ -283,9 +301,16 @@ svc_start() {
 }
 
 svc_stop() {
-  # Stop in reverse order; each stop only touches the PID its own start recorded.
-  local i
-  for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do "${SERVICES[i]}_stop"; done
+  # Signal every server first (each `<name>_stop` prints the PIDs it signalled), wait for all of
+  # them together, then let each service clean up after its exited process.
+  local s pids=()
+  for s in "${SERVICES[@]}"; do
+    mapfile -t -O "${#pids[@]}" pids < <("${s}_stop")
+  done
+  ((${#pids[@]} == 0)) || reap "${pids[@]}"
+  for s in "${SERVICES[@]}"; do
+    if declare -F "${s}_cleanup" >/dev/null; then "${s}_cleanup"; fi
+  done
   rm -f "$STATE/env"
   rm -rf "$STATE/env.d"
   echo "services stopped"
