@@ -219,14 +219,14 @@ EOF
   chmod 600 "$dir/s3.json"
   # Every listener gets an explicit free port: weed otherwise derives gRPC ports as port+10000.
   local p
-  read -r -a p < <(free_ports 10)
+  read -r -a p < <(free_ports 11)
   # Unix sockets have a ~107-byte path limit; keep them short when the state dir is deep.
   local sockdir=$dir
   if ((${#sockdir} > 80)); then
     sockdir=$(mktemp -d /tmp/steps-weed.XXXXXX)
     echo "$sockdir" >"$STATE/seaweedfs.sockdir"
   fi
-  # TMPDIR keeps weed's runtime scratch files inside the state directory.
+  # TMPDIR keeps weed's other runtime scratch files inside the state directory.
   mkdir -p "$dir/tmp"
   TMPDIR=$dir/tmp spawn seaweedfs "$STATE/log/seaweedfs.log" "$VENV/bin/weed" -logdir="$dir/log" mini \
     -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
@@ -235,7 +235,10 @@ EOF
     -filer.port="${p[4]}" -filer.port.grpc="${p[5]}" -filer.localSocket="$sockdir/filer.sock" \
     -s3.port="${p[6]}" -s3.port.grpc="${p[7]}" -s3.localSocket="$sockdir/s3.sock" \
     -s3.config="$dir/s3.json" -s3.port.iceberg=0 -s3.port.lance=0 \
-    -admin.ui=false -admin.port="${p[8]}" -webdav=false -webdav.port="${p[9]}"
+    -admin.ui=false -admin.port="${p[8]}" -admin.port.grpc="${p[10]}" -webdav=false -webdav.port="${p[9]}"
+  # weed creates /tmp/seaweedfs-<component>-grpc-<port>.sock whatever TMPDIR says, and does not
+  # always remove them on exit: remember the gRPC ports so cleanup can.
+  echo "${p[1]} ${p[3]} ${p[5]} ${p[7]} ${p[10]}" >"$STATE/seaweedfs.grpc-ports"
   local ep=http://127.0.0.1:${p[6]}
   # The S3 port answers before the volume server accepts writes: wait for a signed PUT to succeed.
   cat >"$dir/ready.py" <<'EOF'
@@ -267,8 +270,15 @@ EOF
 
 seaweedfs_stop() { term_pid seaweedfs; }
 
-# Runs once the process has exited (weed removes its own /tmp gRPC sockets on SIGTERM).
+# Runs once the process has exited.
 seaweedfs_cleanup() {
+  local port
+  if [ -f "$STATE/seaweedfs.grpc-ports" ]; then
+    for port in $(cat "$STATE/seaweedfs.grpc-ports"); do
+      rm -f /tmp/seaweedfs-*-grpc-"$port".sock
+    done
+    rm -f "$STATE/seaweedfs.grpc-ports"
+  fi
   if [ -f "$STATE/seaweedfs.sockdir" ]; then
     rm -rf "$(cat "$STATE/seaweedfs.sockdir")"
     rm -f "$STATE/seaweedfs.sockdir"
