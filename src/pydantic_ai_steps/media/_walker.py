@@ -96,7 +96,6 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 
 M = TypeVar('M')
 _T = TypeVar('_T')
-_Msg = TypeVar('_Msg', bound='ModelRequest | ModelResponse | ModelRequestPart | ModelResponsePart')
 
 
 class ExternalizedDict(dict[str, Any], Generic[M]):
@@ -439,21 +438,7 @@ class _Restorer:
 # Public entry points
 
 
-@overload
-async def externalize_media(
-    node: Sequence[_Msg], *, media_store: MediaStore, threshold_bytes: int
-) -> ExternalizedList[_Msg]: ...
-@overload
-async def externalize_media(node: _Msg, *, media_store: MediaStore, threshold_bytes: int) -> ExternalizedDict[_Msg]: ...
-@overload
-async def externalize_media(node: list[Any], *, media_store: MediaStore, threshold_bytes: int) -> list[Any]: ...
-@overload
-async def externalize_media(
-    node: dict[str, Any], *, media_store: MediaStore, threshold_bytes: int
-) -> dict[str, Any]: ...
-@overload
-async def externalize_media(node: object, *, media_store: MediaStore, threshold_bytes: int) -> object: ...
-async def externalize_media(node: object, *, media_store: MediaStore, threshold_bytes: int) -> object:
+async def externalize_media(node: object, *, media_store: MediaStore, threshold_bytes: int) -> Any:
     """Write every payload of `threshold_bytes` or more to `media_store` and leave a marker in its place.
 
     Payloads are base64 `BinaryContent` data (size = decoded bytes) and the string `content` of
@@ -461,6 +446,10 @@ async def externalize_media(node: object, *, media_store: MediaStore, threshold_
     prompt's content list never move. The input is never mutated. A JSON tree comes back as a new
     JSON tree; message objects come back as their externalized JSON form in an `ExternalizedDict`
     or `ExternalizedList` (see the module docstring for why). Anything else raises `TypeError`.
+
+    Typed `Any` rather than overloaded: its usual input is `json.loads` output (itself `Any`),
+    for which overloads would resolve to Unknown under strict checking. Annotate the result
+    (`lean: ExternalizedList[ModelMessage] = ...`) to keep `restore_media` precisely typed.
     """
     walker = _Externalizer(media_store, threshold_bytes)
     if _is_message_object(node):
