@@ -23,13 +23,29 @@ if TYPE_CHECKING:
     from ._walker import externalize_media as externalize_media
     from ._walker import restore_media as restore_media
     from .stores.disk import DiskMediaStore as DiskMediaStore
+    from .stores.s3 import S3AuthError as S3AuthError
+    from .stores.s3 import S3ConnectionError as S3ConnectionError
+    from .stores.s3 import S3Error as S3Error
+    from .stores.s3 import S3IntegrityError as S3IntegrityError
     from .stores.s3 import S3MediaStore as S3MediaStore
+    from .stores.s3 import S3NotFound as S3NotFound
+    from .stores.s3 import S3RequestError as S3RequestError
+    from .stores.s3 import S3ServerError as S3ServerError
+    from .stores.s3 import S3ThrottledError as S3ThrottledError
     from .stores.sqlite import SqliteMediaStore as SqliteMediaStore
 
 _LAZY = {
     'DiskMediaStore': ('.stores.disk', None),
     'SqliteMediaStore': ('.stores.sqlite', None),
     'S3MediaStore': ('.stores.s3', None),
+    'S3Error': ('.stores.s3', None),
+    'S3AuthError': ('.stores.s3', None),
+    'S3NotFound': ('.stores.s3', None),
+    'S3RequestError': ('.stores.s3', None),
+    'S3ThrottledError': ('.stores.s3', None),
+    'S3ServerError': ('.stores.s3', None),
+    'S3ConnectionError': ('.stores.s3', None),
+    'S3IntegrityError': ('.stores.s3', None),
     'MongoMediaStore': ('.stores.mongo', 'pymongo'),
     'PostgresMediaStore': ('.stores.postgres', None),
     'externalize_media': ('._walker', None),

@@ -13,7 +13,7 @@ from ._uri import parse_media_uri
 KeyStrategy = Callable[[str, MediaContext], str]
 """Maps a media URI and its context to a backend key (a relative path on disk, an object key on S3)."""
 
-PublicUrlResolver = Callable[[str, MediaContext], 'str | None | Awaitable[str | None]']
+PublicUrlResolver = Callable[[str, MediaContext], 'str | Awaitable[str | None] | None']
 """Turns a media URI into a URL a model can fetch, or `None`. May be sync or async."""
 
 
