@@ -306,6 +306,26 @@ class StepStoreConformance:
         latest_a = await store.latest_snapshot(run_id=a)
         assert latest_a is not None and dump(latest_a.messages) == dump(tool_cycle('c1', 'for a'))
 
+    @pytest.mark.anyio
+    async def test_payloads_that_look_like_media_markers_round_trip(self, store: StepStore) -> None:
+        """A user payload shaped like an externalized-media marker must come back unchanged."""
+        run_id = new_run_id()
+        uri = 'media+sha256://' + '0' * 64
+        lookalikes: list[object] = [
+            {'__harness_external_media__': True, '__harness_external_uri__': uri, 'uri': uri, 'kind': 'binary'},
+            {'__harness_external_literal__': {'x': 1}, '__harness_external_marker_format__': 'literal-v1'},
+            {'__harness_external_escaped_keys__': {}, 'content': 'x' * 70_000, 'part_kind': 'text'},
+        ]
+        history = [
+            ModelRequest(parts=[UserPromptPart('look', timestamp=T0)], timestamp=T0),
+            ModelResponse(parts=[ToolCallPart('echo', {'payload': lookalikes}, tool_call_id='c1')], timestamp=T0),
+            ModelRequest(parts=[ToolReturnPart('echo', lookalikes, tool_call_id='c1', timestamp=T0)], timestamp=T0),
+        ]
+        await store.save_snapshot(snapshot(run_id, history))
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None
+        assert dump(latest.messages) == dump(history)
+
     # --- tool effects -----------------------------------------------------------------------
 
     @pytest.mark.anyio

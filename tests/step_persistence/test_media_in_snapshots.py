@@ -1,0 +1,125 @@
+"""Step stores move large payloads into their media store and put them back on read."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter
+
+from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps.media import DiskMediaStore, media_uri_for
+from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore
+
+from .agents import scripted
+
+pytestmark = pytest.mark.anyio
+
+IMAGE = hashlib.sha256(b'seed').digest() * (256 * 1024 // 32)  # 256 KiB, incompressible-looking
+BIG_TEXT = 'Ünïcode line of a long prompt.\n' * (70 * 1024 // 30)  # > 70 KiB of UTF-8
+
+StoreMaker = Callable[[Path], StepStore]
+STORES: dict[str, StoreMaker] = {
+    'file': lambda root: FileStepStore(root / 'runs'),
+    'sqlite': lambda root: SqliteStepStore(database=root / 'runs.db'),
+}
+
+
+def stored_bytes(root: Path) -> int:
+    return sum(path.stat().st_size for path in root.rglob('*') if path.is_file())
+
+
+def snapshot_text(root: Path) -> str:
+    """Everything the store keeps outside its media store, as text."""
+    runs = root / 'runs'
+    if runs.exists():
+        parts = [p.read_text(errors='replace') for p in runs.rglob('*.json*') if 'media' not in p.parts]
+        return '\n'.join(parts)
+    with sqlite3.connect(root / 'runs.db') as db:
+        rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'media'").fetchall()
+        return '\n'.join(str(db.execute(f'SELECT * FROM "{name}"').fetchall()) for (name,) in rows)
+
+
+def media_blobs(root: Path) -> int:
+    if (root / 'runs').exists():
+        return len(list((root / 'runs' / 'media').glob('*.bin')))
+    with sqlite3.connect(root / 'runs.db') as db:
+        return db.execute('SELECT COUNT(*) FROM media').fetchone()[0]
+
+
+async def run_agent(store: StepStore, prompt: Any) -> str:
+    agent = Agent(scripted('seen'), capabilities=[StepPersistence(store=store, agent_name='viewer')])
+    return (await agent.run(prompt)).run_id
+
+
+@pytest.mark.parametrize('kind', STORES)
+async def test_same_image_in_three_runs_is_stored_once_and_restored_exactly(kind: str, tmp_path: Path) -> None:
+    store = STORES[kind](tmp_path)
+    image = BinaryContent(IMAGE, media_type='image/png')
+    for index in range(3):
+        await run_agent(store, [f'Describe image {index}', image])
+    assert media_blobs(tmp_path) == 1
+    assert stored_bytes(tmp_path) < 2 * len(IMAGE)
+    reopened = STORES[kind](tmp_path)
+    for record in await reopened.list_runs():
+        snapshot = await reopened.latest_snapshot(run_id=record.run_id)
+        assert snapshot is not None
+        content = snapshot.messages[0].parts[0].content  # type: ignore[union-attr]
+        restored = content[1]
+        assert isinstance(restored, BinaryContent)
+        assert restored.data == IMAGE
+        assert restored.media_type == 'image/png'
+
+
+@pytest.mark.parametrize('kind', STORES)
+async def test_large_text_prompt_leaves_the_snapshot_files(kind: str, tmp_path: Path) -> None:
+    store = STORES[kind](tmp_path)
+    run_id = await run_agent(store, BIG_TEXT)
+    text = snapshot_text(tmp_path)
+    assert 'Ünïcode line of a long prompt' not in text
+    assert media_uri_for(BIG_TEXT.encode()) in text
+    snapshot = await STORES[kind](tmp_path).latest_snapshot(run_id=run_id)
+    assert snapshot is not None
+    assert snapshot.messages[0].parts[0].content == BIG_TEXT  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize('kind', STORES)
+async def test_media_store_none_keeps_bytes_inline(kind: str, tmp_path: Path) -> None:
+    store: StepStore
+    if kind == 'file':
+        store = FileStepStore(tmp_path / 'runs', media_store=None)
+    else:
+        store = SqliteStepStore(database=tmp_path / 'runs.db', media_store=None)
+    run_id = await run_agent(store, BIG_TEXT)
+    assert 'Ünïcode line of a long prompt' in snapshot_text(tmp_path)
+    snapshot = await store.latest_snapshot(run_id=run_id)
+    assert snapshot is not None and snapshot.messages[0].parts[0].content == BIG_TEXT  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize('kind', STORES)
+async def test_any_media_store_and_threshold_can_be_passed(kind: str, tmp_path: Path) -> None:
+    media = DiskMediaStore(tmp_path / 'elsewhere')
+    store: StepStore
+    if kind == 'file':
+        store = FileStepStore(tmp_path / 'runs', media_store=media, media_threshold_bytes=1024)
+    else:
+        store = SqliteStepStore(database=tmp_path / 'runs.db', media_store=media, media_threshold_bytes=1024)
+    prompt = 'p' * 2048
+    run_id = await run_agent(store, prompt)
+    assert await media.exists(media_uri_for(prompt.encode()))
+    snapshot = await store.latest_snapshot(run_id=run_id)
+    assert snapshot is not None
+    assert ModelMessagesTypeAdapter.dump_json(snapshot.messages).count(b'p' * 2048) == 1
+
+
+def test_bad_threshold_is_rejected(tmp_path: Path) -> None:
+    for bad in (0, -1, 'big', 1.5):
+        with pytest.raises(ValueError, match='media_threshold_bytes'):
+            FileStepStore(tmp_path / 'runs', media_threshold_bytes=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match='media_threshold_bytes'):
+            SqliteStepStore(database=tmp_path / 'runs.db', media_threshold_bytes=bad)  # type: ignore[arg-type]
