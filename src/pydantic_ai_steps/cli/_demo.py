@@ -234,8 +234,9 @@ class _Demo:
         posted = [key for key in keys if self.outbox.has(key)]
         if posted:
             decision = (
-                f'found {posted[0]!r} there: the effect did happen. Continuing is still safe because post_finding '
-                'checks the key before posting, so it will not post twice.'
+                f'found {posted[0]!r} there: a comment with this key was already posted (by an earlier run: '
+                '--keep kept the tracker too). Continuing is still safe because post_finding checks the key '
+                'before posting, so it will not post twice.'
             )
         else:
             decision = (

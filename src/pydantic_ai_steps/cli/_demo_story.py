@@ -188,11 +188,11 @@ def build_librarian(
         await annotate_tool_effect(
             store, ctx, idempotency_key=key, effect_summary=f'comment on issue #{issue} about {symbol}'
         )
-        if outbox.has(key):
-            hooks.say(f'post_finding: the tracker already has a comment with key {key!r}; not posting again')
-            return f'already posted on issue #{issue}'
         hooks.say(f'post_finding(issue={issue}) started: posting a comment, idempotency key {key!r}')
         await hooks.before_side_effect(key)
+        if outbox.has(key):  # the idempotent part: a retried call must not post twice
+            hooks.say(f'post_finding: the tracker already has a comment with key {key!r}; not posting again')
+            return f'already posted on issue #{issue}'
         outbox.post(key, issue, finding)
         hooks.say(f'post_finding: comment posted on issue #{issue}')
         return f'posted on issue #{issue}'

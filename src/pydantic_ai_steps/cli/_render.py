@@ -81,7 +81,7 @@ def table(
     titles = list(headers) if headers is not None else [''] * columns
     widths = [max([len(title), *(len(row[i]) for row in texts)]) for i, title in enumerate(titles)]
     if width is not None:
-        widths = _fit(widths, [len(title) for title in titles], width)
+        widths = _fit(widths, width)
     lines: list[str] = []
     if headers is not None:
         lines.append(
@@ -106,9 +106,10 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + '…'
 
 
-def _fit(widths: list[int], minimums: list[int], width: int) -> list[int]:
+def _fit(widths: list[int], width: int) -> list[int]:
+    """Shrink the widest column one character at a time until the row fits (or all are at 6)."""
     widths = list(widths)
-    floor = [max(minimum, 8) for minimum in minimums]
+    floor = [min(column, 6) for column in widths]
     while sum(widths) + 2 * (len(widths) - 1) > width:
         widest = max(range(len(widths)), key=lambda i: widths[i] - floor[i])
         if widths[widest] <= floor[widest]:

@@ -1,0 +1,216 @@
+"""`pydantic-ai-steps demo` end to end, then every command it suggests, run as it prints them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import pytest
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
+
+from .conftest import open_store, run_cli
+from .populate import populate
+
+KEY = 'issue-42::finding::ThinkingPartDelta'
+ANSI = '\x1b['
+COMMAND = re.compile(r'^\s+\$ pydantic-ai-steps (?P<args>.+?)(?:\s+# .*)?$')
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    cwd: Path
+    output: str
+    orchestrator: str
+    crashed: str
+    continued: str
+
+    def commands(self) -> list[list[str]]:
+        return [shlex.split(match['args']) for line in self.output.splitlines() if (match := COMMAND.match(line))]
+
+    def run(self, args: list[str]) -> str:
+        result = run_cli(*args, cwd=self.cwd)
+        assert result.returncode == 0, f'{args}: {result.stderr}'
+        return result.stdout
+
+
+def play(cwd: Path, *args: str) -> str:
+    result = run_cli('demo', *args, cwd=cwd)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ''
+    return result.stdout
+
+
+def parse(cwd: Path, output: str) -> DemoRun:
+    flat = ' '.join(output.split())  # the narration wraps lines
+    orchestrator = re.search(r'The orchestrator \(run (orchestrator-[0-9a-f]{8})\)', flat)
+    crashed = re.search(r'inspect_recovery on (code_librarian-[0-9a-f]{8})', flat)
+    continued = re.search(r'in this process: (code_librarian-[0-9a-f]{8})', flat)
+    assert orchestrator and crashed and continued, output
+    return DemoRun(cwd, output, orchestrator[1], crashed[1], continued[1])
+
+
+@pytest.fixture(scope='module')
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The README's command, as a newcomer runs it: no options, in an empty directory."""
+    cwd = tmp_path_factory.mktemp('demo')
+    return parse(cwd, play(cwd))
+
+
+def test_the_story_is_told_in_numbered_steps(demo: DemoRun) -> None:
+    out = demo.output
+    assert out.startswith('pydantic-ai-steps demo: StepPersistence through a crash, with no API key\n')
+    assert 'store:  sqlite:///steps-demo.db (new)' in out
+    assert (demo.cwd / 'steps-demo.db').is_file()
+    steps = [int(number) for number in re.findall(r'^(\d+)\. ', out, re.MULTILINE)]
+    assert steps == list(range(1, 9))
+    flat = ' '.join(out.split())
+    assert "find_symbol('ThinkingPartDelta') -> pydantic_ai/messages.py:" in flat
+    assert 'post_finding(issue=42) started' in flat
+    assert f"idempotency key '{KEY}'" in flat
+    assert 'It called only post_finding; the earlier reads came from the snapshot' in flat
+    assert re.search(r'Done in \d+\.\d s\.', out)
+    assert ANSI not in out
+
+
+@pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
+def test_the_kill_was_a_real_sigkill(demo: DemoRun) -> None:
+    flat = ' '.join(demo.output.split())
+    match = re.search(r'killed the librarian\'s process \(pid (\d+), SIGKILL, exit code -9\)', flat)
+    assert match, flat
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(match[1]), 0)  # gone (and reaped), not merely paused
+
+
+def test_the_side_effect_happened_exactly_once(demo: DemoRun) -> None:
+    lines = (demo.cwd / 'steps-demo.outbox.jsonl').read_text().splitlines()
+    (comment,) = [json.loads(line) for line in lines]
+    assert comment['idempotency_key'] == KEY
+    assert 'allows a callable' in comment['comment']
+
+
+def test_every_suggested_command_runs(demo: DemoRun) -> None:
+    commands = demo.commands()
+    assert {args[0] for args in commands} == {'events', 'tree', 'effects', 'snapshot', 'continue', 'runs', 'stats'}
+    for args in commands:
+        assert args[-2:] == ['--store', 'sqlite:///steps-demo.db']
+        demo.run(args)
+
+
+def test_tree_shows_what_the_demo_said(demo: DemoRun) -> None:
+    lines = demo.run(['tree', '--store', 'sqlite:///steps-demo.db']).splitlines()
+    assert lines[0].startswith(f'{demo.orchestrator}  [orchestrator]  completed')
+    (crashed,) = [line for line in lines if demo.crashed in line]
+    assert 'unfinished' in crashed and '1 unresolved tool effect' in crashed
+    (continued,) = [line for line in lines if demo.continued in line]
+    assert 'completed' in continued
+    assert [line[:3] for line in lines[1:]] == ['├─ ', '└─ ']
+
+
+def test_effects_show_the_unresolved_key(demo: DemoRun) -> None:
+    (effect,) = json.loads(
+        demo.run(['effects', demo.crashed, '--unresolved', '--json', '--store', 'sqlite:///steps-demo.db'])
+    )
+    assert (effect['tool_name'], effect['status'], effect['idempotency_key']) == ('post_finding', 'started', KEY)
+    assert f"idempotency key '{KEY}'" in ' '.join(demo.output.split())
+    assert effect['tool_call_id'] in demo.output
+
+
+def test_events_end_mid_tool_for_the_killed_run(demo: DemoRun) -> None:
+    events = json.loads(demo.run(['events', demo.crashed, '--json', '--store', 'sqlite:///steps-demo.db']))
+    assert (events[-1]['kind'], events[-1]['tool_name']) == ('tool_call_started', 'post_finding')
+    assert [event['tool_name'] for event in events if event['kind'] == 'tool_call_completed'] == [
+        'find_symbol',
+        'read_file',
+    ]
+    continued = json.loads(demo.run(['events', demo.continued, '--json', '--store', 'sqlite:///steps-demo.db']))
+    assert [event['tool_name'] for event in continued if event['kind'] == 'tool_call_started'] == ['post_finding']
+    assert continued[-1]['kind'] == 'run_completed'
+
+
+def test_snapshot_and_continue_match_the_narration(demo: DemoRun) -> None:
+    flat = ' '.join(demo.output.split())
+    narrated = re.search(
+        r'taken at step (\d+): (\d+) messages, every tool call answered \(find_symbol, read_file\)', flat
+    )
+    assert narrated, flat
+    text = demo.run(['snapshot', demo.crashed, '--store', 'sqlite:///steps-demo.db'])
+    assert text.splitlines()[0].startswith(f'run {demo.crashed}  snapshot at step {narrated[1]}  complete')
+    assert f'{narrated[2]} messages' in text.splitlines()[0]
+    assert 'find_symbol(name="ThinkingPartDelta")' in text and 'class ThinkingPartDelta' in text
+    assert 'tool call    post_finding' not in text
+    history = ModelMessagesTypeAdapter.validate_json(
+        demo.run(['continue', demo.crashed, '--store', 'sqlite:///steps-demo.db'])
+    )
+    assert len(history) == int(narrated[2])
+    calls = [
+        part.tool_name
+        for message in history
+        if isinstance(message, ModelResponse)
+        for part in message.parts
+        if isinstance(part, ToolCallPart)
+    ]
+    assert calls == ['find_symbol', 'read_file']
+
+
+def test_runs_by_conversation_shows_both_turns(demo: DemoRun) -> None:
+    conversation = re.search(r'runs --conversation (\S+)', demo.output)
+    assert conversation
+    runs = json.loads(
+        demo.run(['runs', '--conversation', conversation[1], '--json', '--store', 'sqlite:///steps-demo.db'])
+    )
+    assert [(run['run_id'], run['status'], run['parent_run_id']) for run in runs] == [
+        (demo.crashed, 'unfinished', demo.orchestrator),
+        (demo.continued, 'completed', demo.orchestrator),
+    ]
+
+
+def test_stats_after_the_demo(demo: DemoRun) -> None:
+    stats = json.loads(demo.run(['stats', '--json', '--store', 'sqlite:///steps-demo.db']))
+    assert (stats['runs'], stats['unresolved_effects']) == (3, 1)
+    assert stats['bytes'] > 0
+
+
+def test_reset_keep_and_a_file_store(tmp_path: Path) -> None:
+    """On a File store: a second demo with --keep adds runs and does not post twice; a third resets."""
+    store = f'file://{tmp_path}/demo-store'
+    first = play(tmp_path, '--store', store)
+    assert f'store:  {store} (new)' in first
+    assert f'--store {store}' in first
+
+    kept = play(tmp_path, '--store', store, '--keep')
+    assert 'kept: --keep adds to the runs already there' in kept
+    flat = ' '.join(kept.split())
+    assert f"found '{KEY}' there: a comment with this key was already posted" in flat
+    assert 'the tracker already has a comment with key' in flat
+    assert len((tmp_path / 'demo-store.outbox.jsonl').read_text().splitlines()) == 1  # still one comment
+    assert len(json.loads(run_cli('runs', '--json', '--store', store).stdout)) == 6
+
+    reset = play(tmp_path, '--store', store)
+    assert 'reset: deleted the previous demo store (6 runs); --keep keeps it' in reset
+    assert len(json.loads(run_cli('runs', '--json', '--store', store).stdout)) == 3
+
+
+def test_the_demo_never_resets_a_store_it_did_not_write(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    anyio.run(populate, store)
+    result = run_cli('demo', '--store', url, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f'pydantic-ai-steps: error: refusing to reset {url}: it holds 5 run(s) the demo')
+    assert result.stderr.count('\n') == 1
+    assert len(json.loads(run_cli('runs', '--json', '--store', url).stdout)) == 5
+
+
+def test_model_without_its_key_is_one_line(tmp_path: Path) -> None:
+    result = run_cli('demo', '--model', 'openai:gpt-5', cwd=tmp_path, OPENAI_API_KEY=None)
+    assert result.returncode == 1
+    assert result.stderr == (
+        'pydantic-ai-steps: error: --model openai:gpt-5 needs OPENAI_API_KEY set; '
+        'without --model the demo uses scripted models\n'
+    )
+    assert not (tmp_path / 'steps-demo.db').exists()
