@@ -213,7 +213,7 @@ class _Demo:
             f"While post_finding was in flight, the demo killed the librarian's process (pid {outcome.pid}, "
             f'{signal}). Nothing could write a closing event or end the tool call: this is what a crash, an '
             'out-of-memory kill or a redeploy leaves behind. The run tree at this moment (the orchestrator is '
-            'unfinished too: it is still inside ask_librarian):'
+            'unfinished too, and its open tool effect is the ask_librarian call it is still inside):'
         )
         await self._print_tree()
         self.cmd('tree')
