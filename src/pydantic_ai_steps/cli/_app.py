@@ -25,9 +25,9 @@ Look inside the step records that pydantic-ai-steps' StepPersistence keeps for p
 (runs, event logs, tool-effect ledgers, continuable snapshots), or watch the demo make some."""
 
 
-def _store_help() -> str:
+def _store_help(role: str = 'the store to read') -> str:
     return (
-        f'the store to read: {schemes_help()} (SQLite: three slashes then a relative path, four for an '
+        f'{role}: {schemes_help()} (SQLite: three slashes then a relative path, four for an '
         'absolute one), or a bare path: *.db / *.sqlite is SQLite, a directory is a File store'
     )
 
@@ -73,12 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         '--store',
         metavar='URL',
         default='sqlite:///steps-demo.db',
-        help='where the demo writes (default: %(default)s); ' + _store_help(),
+        help=_store_help('where the demo writes (default: %(default)s)'),
     )
     demo.add_argument(
         '--keep',
         action='store_true',
-        help='add to the store instead of resetting it first (the demo only resets stores it wrote)',
+        help='add to the store instead of resetting it first (without it, the demo deletes the store it wrote '
+        'last time, and refuses to touch a store holding runs it did not write)',
     )
     demo.add_argument(
         '--model',
