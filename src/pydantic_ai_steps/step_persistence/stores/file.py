@@ -57,8 +57,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import anyio.to_thread
-
 from ...media._protocol import MediaStore
 from .._codec import (
     event_from_dict,
@@ -77,6 +75,7 @@ from .._history import LogEntry, resolve_history
 from .._message_log import MessageLog, PreparedSnapshot
 from .._records import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
 from .._retention import snapshots_to_keep
+from ._offload import run_blocking
 
 if sys.platform != 'win32':
     import fcntl
@@ -180,28 +179,26 @@ class FileStepStore:
 
     async def register_run(self, record: RunRecord) -> None:
         check_file_safe_run_id(record.run_id)
-        await anyio.to_thread.run_sync(self._register_run, copy.copy(record))
+        await run_blocking(self._register_run, copy.copy(record))
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         check_file_safe_run_id(run_id)
-        return await anyio.to_thread.run_sync(self._get_run, run_id)
+        return await run_blocking(self._get_run, run_id)
 
     async def list_runs(
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
-        return await anyio.to_thread.run_sync(self._index.list_runs, parent_run_id, conversation_id, self.durable)
+        return await run_blocking(self._index.list_runs, parent_run_id, conversation_id, self.durable)
 
     # --- events -----------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
         check_file_safe_run_id(event.run_id)
-        await anyio.to_thread.run_sync(
-            self._append_event, event.run_id, event.idempotency_key, _line(event_to_dict(event))
-        )
+        await run_blocking(self._append_event, event.run_id, event.idempotency_key, _line(event_to_dict(event)))
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         check_file_safe_run_id(run_id)
-        return await anyio.to_thread.run_sync(self._list_events, run_id)
+        return await run_blocking(self._list_events, run_id)
 
     # --- snapshots --------------------------------------------------------------------------
 
@@ -222,7 +219,7 @@ class FileStepStore:
         check_file_safe_run_id(run_id)
         below: int | None = None
         while True:
-            found = await anyio.to_thread.run_sync(self._read_newest_snapshot, run_id, include_interrupted, below)
+            found = await run_blocking(self._read_newest_snapshot, run_id, include_interrupted, below)
             if found is None:
                 return None
             loaded = await self._load(run_id, found)
@@ -233,7 +230,7 @@ class FileStepStore:
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """Every retained snapshot of the run, oldest first; `interrupted` ones only if asked."""
         check_file_safe_run_id(run_id)
-        found = await anyio.to_thread.run_sync(self._read_all_snapshots, run_id, include_interrupted)
+        found = await run_blocking(self._read_all_snapshots, run_id, include_interrupted)
         snapshots: list[ContinuableSnapshot] = []
         for item in found:
             loaded = await self._load(run_id, item)
@@ -245,15 +242,15 @@ class FileStepStore:
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         check_file_safe_run_id(record.run_id)
-        await anyio.to_thread.run_sync(self._record_tool_effect, copy.copy(record))
+        await run_blocking(self._record_tool_effect, copy.copy(record))
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         check_file_safe_run_id(run_id)
-        return await anyio.to_thread.run_sync(self._get_tool_effect, run_id, tool_call_id)
+        return await run_blocking(self._get_tool_effect, run_id, tool_call_id)
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
         check_file_safe_run_id(run_id)
-        return await anyio.to_thread.run_sync(self._list_unresolved, run_id)
+        return await run_blocking(self._list_unresolved, run_id)
 
     # === blocking bodies (worker threads) =====================================================
 
@@ -265,7 +262,7 @@ class FileStepStore:
         with self._runs_lock:
             state = self._runs.get(run_id)
             if state is None:
-                state = self._runs[run_id] = _RunState()
+                state = self._runs[run_id] = _RunState(_RunPaths(self._root / run_id))
                 while len(self._runs) > _MAX_CACHED_RUNS:
                     self._runs.popitem(last=False)
             else:
@@ -302,7 +299,7 @@ class FileStepStore:
 
     def _append_event(self, run_id: str, key: str | None, line: bytes) -> None:
         state = self._state(run_id)
-        path = self._run_dir(run_id) / EVENTS_FILE
+        path = state.paths.events
         with state.lock, _append_locked(path) as appender:
             if key is not None:
                 state.events.sync_fd(appender.fd, path, state.add_event_lines)
@@ -324,36 +321,30 @@ class FileStepStore:
 
     def _record_tool_effect(self, record: ToolEffectRecord) -> None:
         state = self._state(record.run_id)
-        path = self._run_dir(record.run_id) / EFFECTS_FILE
+        path = state.paths.effects
         with state.lock, _append_locked(path) as appender:
             appender.write(_line(tool_effect_to_dict(record)), self.durable)
             if state.effects_tail.follows(appender):
                 state.effects[record.tool_call_id] = record
 
-    def _synced_effects(self, run_id: str) -> _RunState:
-        state = self._state(run_id)
-        path = self._run_dir(run_id) / EFFECTS_FILE
-        state.effects_tail.sync_path(path, state.add_effect_lines)
-        return state
-
     def _get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         state = self._state(run_id)
         with state.lock:
-            self._synced_effects(run_id)
+            state.effects_tail.sync_path(state.paths.effects, state.add_effect_lines)
             record = state.effects.get(tool_call_id)
             return copy.copy(record) if record is not None else None
 
     def _list_unresolved(self, run_id: str) -> list[ToolEffectRecord]:
         state = self._state(run_id)
         with state.lock:
-            self._synced_effects(run_id)
+            state.effects_tail.sync_path(state.paths.effects, state.add_effect_lines)
             return [copy.copy(record) for record in state.effects.values() if record.status == 'started']
 
     # --- snapshot writes --------------------------------------------------------------------
 
     async def _write_prepared(self, prepared: PreparedSnapshot) -> int | Literal['stale', 'suppressed']:
         try:
-            return await anyio.to_thread.run_sync(self._write_snapshot, prepared)
+            return await run_blocking(self._write_snapshot, prepared)
         except BaseException:
             # The outcome is unknown (maybe partly written): the next save rewrites from scratch.
             self._log.forget(prepared.snapshot.run_id)
@@ -368,19 +359,20 @@ class FileStepStore:
         `'stale'` when the log grew behind this process's back.
         """
         snapshot = prepared.snapshot
-        run_dir = self._run_dir(snapshot.run_id)
         state = self._state(snapshot.run_id)
+        paths = state.paths
+        run_dir = paths.run_dir
         durable = self.durable
-        with state.lock, _append_locked(run_dir / MESSAGES_FILE) as log:
+        with state.lock, _append_locked(paths.messages) as log:
             if not state.snapshots_dir_ready:
-                if _make_dir(run_dir / SNAPSHOTS_DIR) and durable:
+                if _make_dir(paths.snapshots) and durable:
                     _fsync_dir(run_dir)
                 state.snapshots_dir_ready = True
-            self._sync_ledger(state, run_dir)
+            self._sync_ledger(state)
             key = snapshot.idempotency_key
             if key is not None and key in state.snapshot_keys:
                 return _SUPPRESSED
-            state.log_tail.sync_fd(log.fd, run_dir / MESSAGES_FILE, state.add_log_lines, torn=state.add_torn_log_line)
+            state.log_tail.sync_fd(log.fd, paths.messages, state.add_log_lines, torn=state.add_torn_log_line)
             if prepared.known_log_size is not None and prepared.known_log_size != state.next_log_index:
                 return _STALE
             if prepared.appends:
@@ -396,13 +388,13 @@ class FileStepStore:
             log_size = state.next_log_index
             seq = state.max_seq + 1
             body = _snapshot_body(snapshot, prepared.message_count, log_size)
-            snapshots_dir = run_dir / SNAPSHOTS_DIR
+            snapshots_dir = paths.snapshots
             while not _write_exclusive(snapshots_dir / f'{seq}.json', body, durable, sync_dir=False):
                 seq += 1  # a file no ledger line names (a crash between the two writes): step over it
             if durable:
                 _fsync_dir(snapshots_dir)
             ledger_line = _line({'seq': seq, 'state': snapshot.state, 'key': key})
-            with _append_locked(run_dir / SNAPSHOT_LEDGER_FILE, lock=False) as ledger:
+            with _append_locked(paths.ledger, lock=False) as ledger:
                 ledger.write(ledger_line, durable)
                 # Out of step only without flock (Windows): the next sync re-reads this line, harmlessly.
                 state.ledger_tail.follows(ledger)
@@ -413,17 +405,17 @@ class FileStepStore:
             self._prune(state, snapshots_dir)
             return log_size
 
-    def _sync_ledger(self, state: _RunState, run_dir: Path) -> None:
+    def _sync_ledger(self, state: _RunState) -> None:
         """Catch up with the snapshot ledger; on first sight of a run, with its snapshot files too."""
         if not state.ledger_loaded:
             state.reset_snapshots()
-        state.ledger_tail.sync_path(run_dir / SNAPSHOT_LEDGER_FILE, state.add_ledger_lines)
+        state.ledger_tail.sync_path(state.paths.ledger, state.add_ledger_lines)
         if state.ledger_loaded:
             return
         # First look at this run in this process: files the ledger does not name (written by the
         # upstream package, or before a crash cut the ledger line) must still count for seq
         # allocation and retention. Their state is read once from the file.
-        snapshots_dir = run_dir / SNAPSHOTS_DIR
+        snapshots_dir = state.paths.snapshots
         for seq in _snapshot_seqs(snapshots_dir):
             state.max_seq = max(state.max_seq, seq)
             if seq not in state.live:
@@ -571,10 +563,23 @@ _Consumer = Callable[[list[bytes], bool], None]
 """Receives new complete lines, and whether to forget what it read before (file replaced)."""
 
 
+class _RunPaths:
+    """The files of one run, joined once (path building showed up in profiles of the hot path)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.events = run_dir / EVENTS_FILE
+        self.effects = run_dir / EFFECTS_FILE
+        self.messages = run_dir / MESSAGES_FILE
+        self.ledger = run_dir / SNAPSHOT_LEDGER_FILE
+        self.snapshots = run_dir / SNAPSHOTS_DIR
+
+
 @dataclass
 class _RunState:
     """What this process knows about one run's files; every field is guarded by `lock`."""
 
+    paths: _RunPaths
     lock: threading.Lock = field(default_factory=threading.Lock)
     events: _Tail = field(default_factory=_Tail)
     event_keys: set[str] = field(default_factory=set[str])

@@ -35,8 +35,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
-import anyio.to_thread
-
 from ...media._protocol import MediaStore
 from .._codec import (
     event_from_dict,
@@ -53,6 +51,7 @@ from .._history import LogEntry, resolve_history
 from .._message_log import MessageLog, PreparedSnapshot
 from .._records import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
 from .._retention import snapshots_to_keep
+from ._offload import run_blocking
 
 __all__ = ['SqliteStepStore']
 
@@ -247,7 +246,7 @@ class SqliteStepStore:
 
     async def aclose(self) -> None:
         """`close()` on a worker thread, so the event loop never waits for the lock."""
-        await anyio.to_thread.run_sync(self.close)
+        await run_blocking(self.close)
 
     # --- runs -------------------------------------------------------------------------------
 
@@ -601,7 +600,7 @@ class SqliteStepStore:
     # --- connection plumbing ----------------------------------------------------------------
 
     async def _run(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
-        return await anyio.to_thread.run_sync(self._locked, body)
+        return await run_blocking(self._locked, body)
 
     def _locked(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
         with self._lock:

@@ -1,0 +1,356 @@
+"""Step-store benchmark: what persistence costs an agent, per backend, in one run.
+
+    uv run python bench/steps.py            # the full table (a few minutes)
+    uv run python bench/steps.py --quick    # smaller workloads, for a smoke test
+
+Workloads (the same for every store):
+
+- *Per-step overhead*: an agent on a `FunctionModel` that calls a tool returning 2 KB, for 100
+  and for 400 steps, timed with and without `StepPersistence`. Runs alternate (plain, then each
+  store) and the median of the repeats is used, so machine noise hits every column alike.
+  Overhead is `(persisted - plain) / steps`, shown in ms and as a share of the plain agent's own
+  time per step.
+- *Stored bytes*: what the 100-step run left in the store, over the JSON size of its final
+  history (`all_messages_json()`).
+- *Short runs*: many two-step runs (one tool call, then the answer), persisted time over plain.
+- *list_runs*: median latency of `list_runs(conversation_id=...)` with 10,000 runs registered in
+  100 conversations.
+
+If `pydantic_ai_harness` (the upstream package) is importable, its stores are measured on the
+same workloads and printed beside ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import importlib
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import UsageLimits
+
+from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps.step_persistence import FileStepStore, InMemoryStepStore, RunRecord, SqliteStepStore
+
+PAYLOAD = 2048
+UNLIMITED = UsageLimits(request_limit=None)
+TARGETS = {
+    'overhead_100': 0.10,
+    'growth': 1.5,
+    'stored': 3.0,
+    'short': 1.2,
+    'list_ms': 5.0,
+}
+
+
+# --- the agent --------------------------------------------------------------------------------
+
+
+def make_agent(steps: int, capabilities: list[Any]) -> Agent[None, str]:
+    """`steps` model requests: `steps - 1` tool calls (2 KB results), then a text answer."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        del info
+        done = sum(1 for message in messages if isinstance(message, ModelResponse))
+        if done < steps - 1:
+            return ModelResponse(parts=[ToolCallPart('fetch', {'page': done}, tool_call_id=f'call-{done}')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    agent = Agent(FunctionModel(model), capabilities=capabilities)
+
+    @agent.tool_plain
+    async def fetch(page: int) -> str:  # pyright: ignore[reportUnusedFunction]
+        return (f'page {page}: ' + 'x' * PAYLOAD)[:PAYLOAD]
+
+    return agent
+
+
+async def timed(agent: Agent[None, str], **kwargs: Any) -> tuple[float, int]:
+    gc.collect()
+    start = time.perf_counter()
+    result = await agent.run('go', usage_limits=UNLIMITED, **kwargs)
+    elapsed = time.perf_counter() - start
+    return elapsed, len(result.all_messages_json())
+
+
+# --- backends ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Backend:
+    label: str
+    capability: Callable[[Any], Any]
+    """Builds the capability around a store."""
+    make: Callable[[Path], Any]
+    """Builds a store under a scratch directory."""
+    size: Callable[[Path, Any], int | None]
+    """Bytes the store holds (None: not measurable, e.g. in memory)."""
+    close: Callable[[Any], None] = lambda store: None
+    results: dict[str, float | None] = field(default_factory=dict[str, 'float | None'])
+
+
+def tree_size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            total += os.path.getsize(os.path.join(root, name))
+    return total
+
+
+def close_sqlite(store: Any) -> None:
+    close = getattr(store, 'close', None)
+    if callable(close):
+        close()
+
+
+def our_backends() -> list[Backend]:
+    def capability(store: Any) -> Any:
+        return StepPersistence(store=store, agent_name='bench')
+
+    return [
+        Backend('memory', capability, lambda d: InMemoryStepStore(), lambda d, s: None),
+        Backend('file', capability, lambda d: FileStepStore(d / 'steps'), lambda d, s: tree_size(d / 'steps')),
+        Backend(
+            'sqlite',
+            capability,
+            lambda d: SqliteStepStore(database=d / 'steps.db'),
+            lambda d, s: (close_sqlite(s), tree_size(d))[1],
+            close_sqlite,
+        ),
+    ]
+
+
+def harness_backends() -> list[Backend]:
+    """The upstream package's stores, if it is installed (never required)."""
+    try:
+        persistence = importlib.import_module('pydantic_ai_harness.step_persistence')
+    except ImportError:
+        return []
+
+    def capability(store: Any) -> Any:
+        return persistence.StepPersistence(store=store, agent_name='bench')
+
+    def db_size(directory: Path, store: Any) -> int:
+        del store
+        return tree_size(directory)
+
+    return [
+        Backend('harness memory', capability, lambda d: persistence.InMemoryStepStore(), lambda d, s: None),
+        Backend(
+            'harness file',
+            capability,
+            lambda d: persistence.FileStepStore(d / 'steps'),
+            lambda d, s: tree_size(d / 'steps'),
+        ),
+        Backend('harness sqlite', capability, lambda d: persistence.SqliteStepStore(database=d / 'steps.db'), db_size),
+    ]
+
+
+# --- workloads --------------------------------------------------------------------------------
+
+
+async def per_step(backends: list[Backend], steps: int, repeats: int, scratch: Path) -> float:
+    """Fill `overhead_<steps>` (seconds per step) for every backend; return the plain agent's time per step."""
+    plain = make_agent(steps, [])
+    await timed(plain)  # warm-up
+    plain_times: list[float] = []
+    times: dict[str, list[float]] = {backend.label: [] for backend in backends}
+    for repeat in range(repeats):
+        plain_times.append((await timed(plain))[0])
+        for backend in backends:
+            directory = scratch / f'{backend.label}-{steps}-{repeat}'.replace(' ', '_')
+            directory.mkdir()
+            store = backend.make(directory)
+            agent = make_agent(steps, [backend.capability(store)])
+            elapsed, history_bytes = await timed(agent)
+            times[backend.label].append(elapsed)
+            if steps == 100 and repeat == 0:
+                stored = backend.size(directory, store)
+                backend.results['stored'] = None if stored is None else stored / history_bytes
+            backend.close(store)
+            shutil.rmtree(directory, ignore_errors=True)
+    agent_step = statistics.median(plain_times) / steps
+    for backend in backends:
+        overhead = (statistics.median(times[backend.label]) - statistics.median(plain_times)) / steps
+        backend.results[f'overhead_{steps}'] = overhead
+    return agent_step
+
+
+async def short_runs(backends: list[Backend], runs: int, scratch: Path) -> float:
+    """Fill `short` (persisted time over plain) for two-step runs; return the plain run time."""
+    plain = make_agent(2, [])
+    for _ in range(10):
+        await timed(plain)
+    agents: dict[str, tuple[Agent[None, str], Any]] = {}
+    for backend in backends:
+        directory = scratch / f'{backend.label}-short'.replace(' ', '_')
+        directory.mkdir()
+        store = backend.make(directory)
+        agents[backend.label] = (make_agent(2, [backend.capability(store)]), store)
+        for _ in range(10):
+            await timed(agents[backend.label][0])
+    plain_times: list[float] = []
+    times: dict[str, list[float]] = {backend.label: [] for backend in backends}
+    for _ in range(runs):
+        start = time.perf_counter()
+        await plain.run('go', usage_limits=UNLIMITED)
+        plain_times.append(time.perf_counter() - start)
+        for backend in backends:
+            agent = agents[backend.label][0]
+            start = time.perf_counter()
+            await agent.run('go', usage_limits=UNLIMITED)
+            times[backend.label].append(time.perf_counter() - start)
+    baseline = statistics.median(plain_times)
+    for backend in backends:
+        backend.results['short'] = statistics.median(times[backend.label]) / baseline
+        backend.close(agents[backend.label][1])
+    return baseline
+
+
+async def list_runs_latency(
+    backends: list[Backend], runs: int, conversations: int, queries: int, scratch: Path
+) -> None:
+    for backend in backends:
+        directory = scratch / f'{backend.label}-lineage'.replace(' ', '_')
+        directory.mkdir()
+        store = backend.make(directory)
+        record_type = _record_type(backend)
+        for index in range(runs):
+            await store.register_run(
+                record_type(run_id=f'run-{index}', conversation_id=f'conv-{index % conversations}')
+            )
+        rng = random.Random(7)
+        samples: list[float] = []
+        budget = time.perf_counter() + 30.0  # a store that scans every run could take hours
+        for _ in range(queries):
+            conversation = f'conv-{rng.randrange(conversations)}'
+            start = time.perf_counter()
+            found = await store.list_runs(conversation_id=conversation)
+            samples.append(time.perf_counter() - start)
+            assert len(found) == runs // conversations, (backend.label, len(found))
+            if time.perf_counter() > budget:
+                break
+        backend.results['list_ms'] = statistics.median(samples) * 1000
+        backend.close(store)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _record_type(backend: Backend) -> Any:
+    if backend.label.startswith('harness'):
+        return importlib.import_module('pydantic_ai_harness.step_persistence').RunRecord
+    return RunRecord
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def report(backends: list[Backend], agent_step: dict[int, float], short_baseline: float, list_runs: int) -> None:
+    def ms(value: float | None) -> str:
+        return '-' if value is None else f'{value * 1000:.2f}'
+
+    def ratio(value: float | None, digits: int = 2) -> str:
+        return '-' if value is None else f'{value:.{digits}f}x'
+
+    def pct(value: float | None, base: float) -> str:
+        return '-' if value is None else f'{value / base * 100:.1f}%'
+
+    header = (
+        'store',
+        'ovh/step@100',
+        '% of agent',
+        'ovh/step@400',
+        '% of agent',
+        '400 vs 100',
+        'stored/history',
+        '2-step run',
+        f'list_runs({list_runs:,})',
+    )
+    rows: list[tuple[str, ...]] = [header]
+    for backend in backends:
+        r = backend.results
+        o100, o400 = r.get('overhead_100'), r.get('overhead_400')
+        growth = o400 / o100 if o100 and o400 is not None and o100 > 0 else None
+        list_ms = r.get('list_ms')
+        rows.append(
+            (
+                backend.label,
+                f'{ms(o100)} ms',
+                pct(o100, agent_step[100]),
+                f'{ms(o400)} ms',
+                pct(o400, agent_step[400]),
+                ratio(growth),
+                ratio(r.get('stored')),
+                ratio(r.get('short')),
+                '-' if list_ms is None else f'{list_ms:.2f} ms',
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    print()
+    print(
+        f'agent alone: {agent_step[100] * 1000:.2f} ms/step at 100 steps, {agent_step[400] * 1000:.2f} ms/step at 400; '
+        f'two-step run {short_baseline * 1000:.2f} ms'
+    )
+    for index, row in enumerate(rows):
+        print('  '.join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
+        if index == 0:
+            print('  '.join('-' * width for width in widths))
+    print(
+        f'targets (file, sqlite): ovh@100 <= {TARGETS["overhead_100"]:.0%} of agent, '
+        f'400 vs 100 <= {TARGETS["growth"]}x, stored <= {TARGETS["stored"]}x, '
+        f'2-step <= {TARGETS["short"]}x, list_runs <= {TARGETS["list_ms"]} ms'
+    )
+    for backend in backends:
+        if backend.label not in ('file', 'sqlite'):
+            continue
+        r = backend.results
+        misses: list[str] = []
+        o100, o400 = r.get('overhead_100'), r.get('overhead_400')
+        if o100 is not None and o100 / agent_step[100] > TARGETS['overhead_100']:
+            misses.append('overhead@100')
+        if o100 and o400 is not None and o100 > 0 and o400 / o100 > TARGETS['growth']:
+            misses.append('400 vs 100')
+        if (stored := r.get('stored')) is not None and stored > TARGETS['stored']:
+            misses.append('stored bytes')
+        if (short := r.get('short')) is not None and short > TARGETS['short']:
+            misses.append('2-step run')
+        if (list_ms := r.get('list_ms')) is not None and list_ms > TARGETS['list_ms']:
+            misses.append('list_runs')
+        print(f'  {backend.label}: {"all targets met" if not misses else "missed: " + ", ".join(misses)}')
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--quick', action='store_true', help='small workloads, for a smoke test')
+    args = parser.parse_args()
+    repeats_100, repeats_400, short_count, list_count = (1, 1, 20, 1000) if args.quick else (5, 3, 200, 10_000)
+    steps_long = 120 if args.quick else 400
+    backends = our_backends() + harness_backends()
+    if len(backends) == 3:
+        print('pydantic_ai_harness is not installed: measuring this package only', file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix='steps-bench-') as scratch_name:
+        scratch = Path(scratch_name)
+        agent_step = {100: await per_step(backends, 100, repeats_100, scratch)}
+        agent_step[400] = await per_step(backends, steps_long, repeats_400, scratch)
+        for backend in backends:
+            backend.results['overhead_400'] = backend.results.pop(f'overhead_{steps_long}', None)
+        short_baseline = await short_runs(backends, short_count, scratch)
+        await list_runs_latency(backends, list_count, 100, 200, scratch)
+    report(backends, agent_step, short_baseline, list_count)
+
+
+if __name__ == '__main__':
+    asyncio.run(main())
