@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -30,8 +31,11 @@ def ok(*args: str) -> str:
 
 
 def test_console_script_is_installed() -> None:
-    script = shutil.which('pydantic-ai-steps')
-    assert script is not None, 'the pydantic-ai-steps console script is not on PATH'
+    # The environment running the tests comes first: `scripts/test` runs a second venv (the 2.62
+    # floor) whose bin directory is not on PATH.
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get('PATH', '')])
+    script = shutil.which('pydantic-ai-steps', path=search)
+    assert script is not None, 'the pydantic-ai-steps console script is not installed'
     result = subprocess.run([script, '--help'], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0
     for command in ('demo', 'runs', 'tree', 'events', 'effects', 'snapshot', 'stats', 'export', 'continue'):
