@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -36,6 +37,10 @@ class _Pool:
     """Daemon worker threads, started on demand while every existing one is busy."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        """Start empty. Also run in a forked child, which inherits none of the parent's threads."""
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
@@ -78,6 +83,8 @@ def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
 
 
 _pool = _Pool()
+if hasattr(os, 'register_at_fork'):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_pool._reset)  # pyright: ignore[reportPrivateUsage]
 
 
 async def run_blocking(function: Callable[[Unpack[_Args]], _R], *args: *_Args) -> _R:
