@@ -21,6 +21,8 @@ from .populate import BIG_IMAGE, BIG_TEXT, SMALL_IMAGE
 
 ANSI = '\x1b['
 posix_only = pytest.mark.skipif(sys.platform == 'win32', reason='pseudo-terminals are POSIX')
+sqlite_only = pytest.mark.parametrize('populated', ['sqlite'], indirect=True)
+"""For behaviour that does not depend on the backend: one store kind is enough (each run costs a process)."""
 
 
 def ok(*args: str) -> str:
@@ -219,6 +221,7 @@ def test_continue_prints_a_history_ready_for_message_history(populated: Populate
     assert (len(settled), len(frontier)) == (1, 2)
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ('args', 'message'),
     [
@@ -286,6 +289,7 @@ def test_missing_store_option_and_bad_arguments() -> None:
     assert "invalid choice: 'csv'" in usage.stderr
 
 
+@sqlite_only
 def test_pipe_is_plain_and_a_terminal_is_coloured(populated: PopulatedStore) -> None:
     piped = run_cli('tree', '--store', populated.url)
     assert piped.returncode == 0 and ANSI not in piped.stdout
@@ -301,6 +305,7 @@ def test_pipe_is_plain_and_a_terminal_is_coloured(populated: PopulatedStore) -> 
     assert plain.stdout.strip() == piped.stdout.strip()
 
 
+@sqlite_only
 @posix_only
 def test_a_terminal_table_fits_its_width(populated: PopulatedStore) -> None:
     narrow = run_on_tty('runs', '--store', populated.url, columns=80, NO_COLOR='1')
@@ -310,6 +315,7 @@ def test_a_terminal_table_fits_its_width(populated: PopulatedStore) -> None:
     assert '…' in narrow.stdout
 
 
+@sqlite_only
 @posix_only
 def test_long_reads_show_progress_on_a_terminal_only(populated: PopulatedStore) -> None:
     on_tty = run_on_tty('stats', '--store', populated.url)
@@ -321,6 +327,7 @@ def test_long_reads_show_progress_on_a_terminal_only(populated: PopulatedStore) 
     assert piped.stderr == ''
 
 
+@sqlite_only
 @posix_only
 def test_broken_pipe_is_quiet(populated: PopulatedStore) -> None:
     """`pydantic-ai-steps export ... | head -n 1`: the reader leaving early is not an error."""
