@@ -31,9 +31,18 @@ def cli_env(**overrides: str | None) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path | None = None, **env: str | None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, module: str = 'pydantic_ai_steps.cli', **env: str | None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m <module> ARGS` in a pipe; `module='pydantic_ai_steps'` is the README's spelling."""
     return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, cwd=cwd, env=cli_env(**env), timeout=TIMEOUT, check=False
+        [sys.executable, '-m', module, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=cli_env(**env),
+        timeout=TIMEOUT,
+        check=False,
     )
 
 

@@ -40,7 +40,7 @@ class DemoRun:
 
 
 def play(cwd: Path, *args: str) -> str:
-    result = run_cli('demo', *args, cwd=cwd)
+    result = run_cli('demo', *args, cwd=cwd, module='pydantic_ai_steps')  # as the README spells it
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ''
     return result.stdout
@@ -57,7 +57,8 @@ def parse(cwd: Path, output: str) -> DemoRun:
 
 @pytest.fixture(scope='module')
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
-    """The README's command, as a newcomer runs it: no options, in an empty directory."""
+    """The README's command (`python3 -m pydantic_ai_steps demo`) as a newcomer runs it: no options,
+    in an empty directory."""
     cwd = tmp_path_factory.mktemp('demo')
     return parse(cwd, play(cwd))
 
