@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def snapshot_text(root: Path) -> str:
     if runs.exists():
         parts = [p.read_text(errors='replace') for p in runs.rglob('*.json*') if 'media' not in p.parts]
         return '\n'.join(parts)
-    with sqlite3.connect(root / 'runs.db') as db:
+    with closing(sqlite3.connect(root / 'runs.db')) as db:
         rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'media'").fetchall()
         return '\n'.join(str(db.execute(f'SELECT * FROM "{name}"').fetchall()) for (name,) in rows)
 
@@ -48,22 +49,28 @@ def snapshot_text(root: Path) -> str:
 def media_blobs(root: Path) -> int:
     if (root / 'runs').exists():
         return len(list((root / 'runs' / 'media').glob('*.bin')))
-    with sqlite3.connect(root / 'runs.db') as db:
+    with closing(sqlite3.connect(root / 'runs.db')) as db:
         return db.execute('SELECT COUNT(*) FROM media').fetchone()[0]
 
 
 async def run_agent(store: StepStore, prompt: Any) -> str:
-    agent = Agent(scripted('seen'), capabilities=[StepPersistence(store=store, agent_name='viewer')])
-    return (await agent.run(prompt)).run_id
+    """Run an agent persisting to `store`; return the persisted run id."""
+    agent = Agent(scripted('seen'), capabilities=[StepPersistence(store=store, run_id=f'viewer-{id(prompt)}')])
+    await agent.run(prompt)
+    return f'viewer-{id(prompt)}'
 
 
 @pytest.mark.parametrize('kind', STORES)
 async def test_same_image_in_three_runs_is_stored_once_and_restored_exactly(kind: str, tmp_path: Path) -> None:
     store = STORES[kind](tmp_path)
     image = BinaryContent(IMAGE, media_type='image/png')
-    for index in range(3):
-        await run_agent(store, [f'Describe image {index}', image])
+    prompts = [[f'Describe image {index}', image] for index in range(3)]
+    for prompt in prompts:
+        await run_agent(store, prompt)
     assert media_blobs(tmp_path) == 1
+    close = getattr(store, 'close', None)
+    if callable(close):
+        close()  # checkpoints SQLite's write-ahead log into the database file
     assert stored_bytes(tmp_path) < 2 * len(IMAGE)
     reopened = STORES[kind](tmp_path)
     for record in await reopened.list_runs():

@@ -27,7 +27,7 @@ import functools
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import GenericAlias
 from typing import Any, Generic, TypeVar, cast, overload
 
@@ -81,7 +81,12 @@ _ESCAPED_KEYS_FAMILY = 'escaped-keys-v'
 _LITERAL_FAMILY = 'literal-v'
 
 MARKER_METADATA_KEYS = (EXTERNAL_KEY, TEXT_KEY, URI_KEY, ESCAPED_KEYS_KEY, FORMAT_KEY, URLSAFE_KEY)
-"""Keys a marker writes itself; a caller's own keys with these names are moved into the stash."""
+"""Keys a marker writes itself.
+
+A caller's node carrying any of them is never turned into a marker: the format's escape (a stash
+restored after the other keys) would reorder the node's keys, so such a node stays inline, its
+children walked, wrapped as a literal when it holds a trigger key. Markers written with the escape
+by other writers still restore."""
 _LITERAL_TRIGGER_KEYS = (EXTERNAL_KEY, LITERAL_KEY)
 _TEXT_CONTENT_KINDS = ('text-content', 'structured-content')
 
@@ -232,18 +237,13 @@ def _unsupported(node: object) -> TypeError:
     )
 
 
-def _escape_marker_keys(marker: dict[str, Any]) -> None:
-    """Move caller keys that collide with the marker's own keys into the stash, in the fixed order."""
-    stash = {key: marker.pop(key) for key in MARKER_METADATA_KEYS if key in marker}
-    if stash:
-        marker[FORMAT_KEY] = ESCAPED_KEYS_FORMAT
-        marker[ESCAPED_KEYS_KEY] = stash
-
-
 class _Externalizer:
-    def __init__(self, media_store: MediaStore, threshold_bytes: int) -> None:
+    def __init__(
+        self, media_store: MediaStore, threshold_bytes: int, already_stored: Mapping[str, str] | None = None
+    ) -> None:
         self._store = media_store
         self._threshold = threshold_bytes
+        self._already_stored = already_stored or {}
 
     async def walk(self, node: object) -> Any:
         if isinstance(node, dict):
@@ -270,7 +270,9 @@ class _Externalizer:
     async def _dict(self, node: dict[str, Any]) -> dict[str, Any]:
         kind = node.get('kind')
         data = node.get('data')
-        if kind == 'binary' and isinstance(data, str):
+        if any(key in node for key in MARKER_METADATA_KEYS):
+            pass  # kept inline: see MARKER_METADATA_KEYS
+        elif kind == 'binary' and isinstance(data, str):
             marker = await self._binary(node, data)
             if marker is not None:
                 return marker
@@ -286,6 +288,9 @@ class _Externalizer:
         return walked
 
     async def _binary(self, node: dict[str, Any], data: str) -> dict[str, Any] | None:
+        stored_uri = self._already_stored.get(data)
+        if stored_uri is not None:
+            return await self._stored_binary(node, stored_uri)
         urlsafe = '-' in data or '_' in data
         if urlsafe and ('+' in data or '/' in data):
             return None
@@ -308,10 +313,20 @@ class _Externalizer:
         media_type = node.get('media_type')
         uri = await self._put(raw, MediaContext(media_type=media_type if isinstance(media_type, str) else None))
         marker = await self._fields(node, 'data')
-        _escape_marker_keys(marker)
         marker[EXTERNAL_KEY] = True
         if urlsafe:
             marker[URLSAFE_KEY] = URLSAFE_FORMAT
+        return self._finish(node, marker, uri)
+
+    async def _stored_binary(self, node: dict[str, Any], uri: str) -> dict[str, Any]:
+        """The marker for a payload the caller already put, standing in under a placeholder `data`.
+
+        Stamped URL-safe: the bytes were serialized by pydantic, whose alphabet that is; restoring
+        with it yields the same bytes whether or not the original text held `-` or `_`.
+        """
+        marker = await self._fields(node, 'data')
+        marker[EXTERNAL_KEY] = True
+        marker[URLSAFE_KEY] = URLSAFE_FORMAT
         return self._finish(node, marker, uri)
 
     async def _text(self, node: dict[str, Any], content: str) -> dict[str, Any] | None:
@@ -322,7 +337,6 @@ class _Externalizer:
             return None
         uri = await self._put(raw, MediaContext(media_type='text/plain'))
         marker = await self._fields(node, 'content')
-        _escape_marker_keys(marker)
         marker[EXTERNAL_KEY] = True
         marker[TEXT_KEY] = True
         return self._finish(node, marker, uri)
@@ -459,6 +473,18 @@ async def externalize_media(node: object, *, media_store: MediaStore, threshold_
         walked = [await walker.walk(_to_json(item)) for item in items]
         return ExternalizedList(walked, tuple(type(item) for item in items))
     return await walker.walk(node)
+
+
+async def externalize_tree(
+    tree: object, *, media_store: MediaStore, threshold_bytes: int, already_stored: Mapping[str, str]
+) -> Any:
+    """`externalize_media` on a JSON tree whose binaries may already be in `media_store`.
+
+    `already_stored` maps a placeholder `data` string to the URI of the payload it stands for.
+    Step stores put large `BinaryContent` bytes straight from the message objects, so the bytes
+    are hashed once and never base64-encoded, parsed and decoded again just to be moved out.
+    """
+    return await _Externalizer(media_store, threshold_bytes, already_stored).walk(tree)
 
 
 @overload

@@ -8,17 +8,24 @@ the messages. A store only does I/O around these two calls; see `_history` for t
 
 from __future__ import annotations
 
+import base64
+import copy
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
-from pydantic_ai.messages import ModelMessage
+from pydantic_ai.messages import BinaryContent, ModelMessage
 
+from ..media._context import MediaContext
 from ..media._protocol import MediaStore
-from ..media._walker import externalize_media, has_markers, might_need_externalizing, restore_media
+from ..media._uri import parse_media_uri
+from ..media._walker import externalize_tree, has_markers, might_need_externalizing, restore_media
 from ._history import HistoryDelta, HistoryTracker, content_digest, message_to_json, messages_from_json
 from ._records import ContinuableSnapshot
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
+_PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
 
 
 @dataclass
@@ -48,12 +55,13 @@ class MessageLog:
         appends: list[tuple[int, str]] = []
         digests: dict[int, bytes] = {}
         for position in delta.candidates:
-            text = message_to_json(delta.messages[position])
+            message, placeholders = await self._offload_binaries(delta.messages[position])
+            text = message_to_json(message)
             digest = content_digest(text)
             digests[position] = digest
             if delta.stored_at(position) == digest:
                 continue
-            appends.append((position, await self._externalize(text)))
+            appends.append((position, await self._externalize(text, placeholders)))
         known = delta.previous.log_size if delta.previous is not None else None
         return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests)
 
@@ -71,13 +79,70 @@ class MessageLog:
             texts = [await self._restore(text) if has_markers(text) else text for text in texts]
         return messages_from_json(texts)
 
-    async def _externalize(self, text: str) -> str:
-        if self.media_store is None or not might_need_externalizing(text, self.threshold_bytes):
+    async def _externalize(self, text: str, placeholders: dict[str, str]) -> str:
+        if self.media_store is None or not (placeholders or might_need_externalizing(text, self.threshold_bytes)):
             return text
-        tree: object = await externalize_media(
-            json.loads(text), media_store=self.media_store, threshold_bytes=self.threshold_bytes
+        tree: object = await externalize_tree(
+            json.loads(text),
+            media_store=self.media_store,
+            threshold_bytes=self.threshold_bytes,
+            already_stored=placeholders,
         )
         return _compact(tree)
+
+    async def _offload_binaries(self, message: ModelMessage) -> tuple[ModelMessage, dict[str, str]]:
+        """Put large `BinaryContent` bytes in the media store straight from the message objects.
+
+        Serializing a 256 KiB image only to parse, decode and hash its base64 again costs more
+        than the rest of a boundary, so the bytes go to the media store as they are and the
+        message is serialized with a small placeholder in their place (on a shallow copy; the
+        live message is never touched). The placeholder is derived from the content hash, so the
+        serialized text still identifies the content. Payloads nested elsewhere (say, inside a
+        dict returned by a tool) are found by the JSON walk as before.
+        """
+        placeholders: dict[str, str] = {}
+        if self.media_store is None:
+            return message, placeholders
+        parts: list[Any] | None = None
+        for index, part in enumerate(message.parts):
+            content = getattr(part, 'content', None)
+            replaced = await self._offload_content(content, placeholders)
+            if replaced is not content:
+                parts = parts if parts is not None else list(message.parts)
+                stand_in = copy.copy(part)
+                stand_in.content = replaced  # pyright: ignore[reportAttributeAccessIssue]
+                parts[index] = stand_in
+        if parts is None:
+            return message, placeholders
+        light = copy.copy(message)
+        light.parts = parts
+        return light, placeholders
+
+    async def _offload_content(self, content: object, placeholders: dict[str, str]) -> object:
+        if isinstance(content, BinaryContent):
+            return await self._placeholder(content, placeholders)
+        if not isinstance(content, list | tuple):
+            return content
+        items = cast(Sequence[object], content)
+        if not any(isinstance(item, BinaryContent) and len(item.data) >= self.threshold_bytes for item in items):
+            return items
+        swapped = [
+            await self._placeholder(item, placeholders) if isinstance(item, BinaryContent) else item for item in items
+        ]
+        return swapped if isinstance(content, list) else tuple(swapped)
+
+    async def _placeholder(self, binary: BinaryContent, placeholders: dict[str, str]) -> BinaryContent:
+        if len(binary.data) < self.threshold_bytes:
+            return binary
+        assert self.media_store is not None
+        media_type = binary.media_type if isinstance(binary.media_type, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
+        uri = await self.media_store.put(binary.data, context=MediaContext(media_type=media_type))
+        placeholder = _PLACEHOLDER_PREFIX + bytes.fromhex(parse_media_uri(uri))
+        stand_in = copy.copy(binary)
+        stand_in._identifier = binary.identifier  # pyright: ignore[reportPrivateUsage]
+        stand_in.data = placeholder
+        placeholders[base64.urlsafe_b64encode(placeholder).decode()] = uri
+        return stand_in
 
     async def _restore(self, text: str) -> str:
         assert self.media_store is not None
