@@ -1,0 +1,337 @@
+"""`SqliteStepStore` beyond the shared contract: connections, migrations, damaged rows, legacy data."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+from pydantic_ai_steps.step_persistence import (
+    ContinuableSnapshot,
+    RunRecord,
+    SqliteStepStore,
+    StepEvent,
+    ToolEffectRecord,
+)
+from pydantic_ai_steps.step_persistence.stores import sqlite as sqlite_module
+from pydantic_ai_steps.testing.step_store import T0, dump, tool_cycle
+
+pytestmark = pytest.mark.anyio
+
+
+def snap(run_id: str, messages: list, step: int = 1, **fields: object) -> ContinuableSnapshot:  # type: ignore[type-arg]
+    return ContinuableSnapshot(run_id=run_id, step_index=step, messages=messages, timestamp=T0, **fields)  # type: ignore[arg-type]
+
+
+def history(cycles: int) -> list:  # type: ignore[type-arg]
+    return [message for index in range(cycles) for message in tool_cycle(f'c{index}', f'q{index}')]
+
+
+def query(database: Path, sql: str, *params: object) -> list[tuple[object, ...]]:
+    with sqlite3.connect(database) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+# --- connections -------------------------------------------------------------------------------
+
+
+def test_needs_exactly_one_of_database_or_connection(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match='exactly one of database='):
+        SqliteStepStore()
+    conn = sqlite3.connect(tmp_path / 'x.db', check_same_thread=False)
+    with pytest.raises(ValueError, match='exactly one of database='):
+        SqliteStepStore(database=tmp_path / 'x.db', connection=conn)
+    conn.close()
+
+
+def test_rejects_a_connection_bound_to_its_thread(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / 'x.db')
+    with pytest.raises(ValueError, match=r'check_same_thread=False.*worker thread'):
+        SqliteStepStore(connection=conn, media_store=None)
+    conn.close()
+
+
+async def test_shared_connection_gets_wal_and_commits_outside_a_caller_transaction(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / 'shared.db', check_same_thread=False)  # Python's default (legacy) isolation
+    store = SqliteStepStore(connection=conn, media_store=None)
+    await store.register_run(RunRecord(run_id='r', started_at=T0))
+    await store.save_snapshot(snap('r', history(1)))
+    assert conn.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+    assert not conn.in_transaction
+    # Another connection sees the rows: the store committed its own writes.
+    assert query(tmp_path / 'shared.db', 'SELECT run_id FROM runs') == [('r',)]
+    assert len(query(tmp_path / 'shared.db', 'SELECT seq FROM snapshots')) == 1
+    conn.close()
+
+
+async def test_one_connection_serves_every_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[str] = []
+    real_connect = sqlite3.connect
+
+    def counting_connect(database: object, *args: object, **kwargs: object) -> sqlite3.Connection:
+        opened.append(str(database))
+        return real_connect(database, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite_module.sqlite3, 'connect', counting_connect)
+    store = SqliteStepStore(database=tmp_path / 's.db', media_store=None)
+    for step in range(1, 20):
+        await store.append_event(StepEvent(run_id='r', kind='model_request_started', step_index=step))
+        await store.save_snapshot(snap('r', history(step), step))
+    assert len(await store.list_events(run_id='r')) == 19
+    assert opened == [str(tmp_path / 's.db')]
+    await store.aclose()
+    assert (await store.latest_snapshot(run_id='r')) is not None  # reopens after close
+    assert len(opened) == 2
+    store.close()
+
+
+async def test_memory_database_keeps_its_data_between_calls() -> None:
+    store = SqliteStepStore(database=':memory:', media_store=None)
+    await store.save_snapshot(snap('r', history(2)))
+    latest = await store.latest_snapshot(run_id='r')
+    assert latest is not None and dump(latest.messages) == dump(history(2))
+    store.close()
+
+
+@pytest.mark.parametrize(('durable', 'level'), [(False, 1), (True, 2)])
+async def test_durable_chooses_the_synchronous_level(tmp_path: Path, durable: bool, level: int) -> None:
+    store = SqliteStepStore(database=tmp_path / 's.db', media_store=None, durable=durable)
+    await store.register_run(RunRecord(run_id='r'))
+    conn = store._connection  # pyright: ignore[reportPrivateUsage]
+    assert conn is not None
+    assert conn.execute('PRAGMA synchronous').fetchone()[0] == level
+    assert conn.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+    store.close()
+
+
+async def test_concurrent_calls_from_many_tasks_share_the_connection(tmp_path: Path) -> None:
+    import anyio
+
+    store = SqliteStepStore(database=tmp_path / 's.db', media_store=None)
+    threads: set[int] = set()
+
+    async def one_run(index: int) -> None:
+        run_id = f'run-{index}'
+        await store.register_run(RunRecord(run_id=run_id, conversation_id='c'))
+        for step in range(1, 6):
+            threads.add(threading.get_ident())
+            await store.append_event(StepEvent(run_id=run_id, kind='model_request_started', step_index=step))
+            await store.save_snapshot(snap(run_id, history(step), step))
+
+    async with anyio.create_task_group() as group:
+        for index in range(8):
+            group.start_soon(one_run, index)
+    assert len(await store.list_runs(conversation_id='c')) == 8
+    for index in range(8):
+        latest = await store.latest_snapshot(run_id=f'run-{index}')
+        assert latest is not None and dump(latest.messages) == dump(history(5))
+    store.close()
+
+
+# --- schema versions and older layouts ---------------------------------------------------------
+
+
+OLD_SCHEMA = """
+CREATE TABLE runs (run_id TEXT PRIMARY KEY, conversation_id TEXT, parent_run_id TEXT, agent_name TEXT,
+                   metadata TEXT NOT NULL, started_at TEXT NOT NULL);
+CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, kind TEXT NOT NULL,
+                     step_index INTEGER NOT NULL, timestamp TEXT NOT NULL, conversation_id TEXT, parent_run_id TEXT,
+                     agent_name TEXT, tool_call_id TEXT, tool_name TEXT, error TEXT, metadata TEXT NOT NULL);
+CREATE TABLE snapshots (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, step_index INTEGER NOT NULL,
+                        conversation_id TEXT, parent_run_id TEXT, agent_name TEXT, timestamp TEXT NOT NULL,
+                        messages TEXT NOT NULL);
+CREATE TABLE tool_effects (run_id TEXT NOT NULL, tool_call_id TEXT NOT NULL, tool_name TEXT NOT NULL,
+                           status TEXT NOT NULL, started_at TEXT NOT NULL, ended_at TEXT, idempotency_key TEXT,
+                           effect_summary TEXT, PRIMARY KEY (run_id, tool_call_id));
+"""
+
+
+def make_old_database(path: Path) -> None:
+    """A database as a release from before snapshot states wrote it: no `state` column."""
+    with sqlite3.connect(path) as conn:
+        conn.executescript(OLD_SCHEMA)
+        conn.execute(
+            'INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)', ('old', 'conv', None, 'lib', '{"k": "v"}', T0.isoformat())
+        )
+        conn.execute(
+            'INSERT INTO events (run_id, kind, step_index, timestamp, metadata) VALUES (?, ?, ?, ?, ?)',
+            ('old', 'run_started', 0, T0.isoformat(), '{}'),
+        )
+        for step in (1, 2):
+            conn.execute(
+                'INSERT INTO snapshots (run_id, step_index, timestamp, messages) VALUES (?, ?, ?, ?)',
+                ('old', step, T0.isoformat(), ModelMessagesTypeAdapter.dump_json(history(step)).decode()),
+            )
+
+
+async def test_old_database_gains_the_state_column_and_old_rows_read_complete(tmp_path: Path) -> None:
+    database = tmp_path / 'old.db'
+    make_old_database(database)
+    store = SqliteStepStore(database=database, media_store=None)
+    assert await store.get_run(run_id='old') == RunRecord(
+        run_id='old', conversation_id='conv', agent_name='lib', metadata={'k': 'v'}, started_at=T0
+    )
+    assert [e.kind for e in await store.list_events(run_id='old')] == ['run_started']
+    latest = await store.latest_snapshot(run_id='old')
+    assert latest is not None and latest.state == 'complete' and latest.step_index == 2
+    assert dump(latest.messages) == dump(history(2))
+    columns = {row[1] for row in query(database, 'PRAGMA table_info(snapshots)')}
+    assert {'state', 'idempotency_key', 'message_count', 'log_size'} <= columns
+    assert query(database, 'SELECT state FROM snapshots ORDER BY seq') == [('complete',), ('complete',)]
+    assert query(database, 'SELECT MAX(version) FROM schema_version') == [(sqlite_module.SCHEMA_VERSION,)]
+    # The migrated database takes new writes, message-once, after the old rows.
+    await store.save_snapshot(snap('old', history(3), 3, state='interrupted', idempotency_key='k3'))
+    await store.save_snapshot(snap('old', history(3), 4, idempotency_key='k3'))  # replay: dropped
+    newest = await store.latest_snapshot(run_id='old', include_interrupted=True)
+    assert newest is not None and newest.state == 'interrupted' and dump(newest.messages) == dump(history(3))
+    assert [s.step_index for s in await store.list_snapshots(run_id='old', include_interrupted=True)] == [1, 2, 3]
+    store.close()
+    # Opening again does not migrate again.
+    reopened = SqliteStepStore(database=database, media_store=None)
+    assert len(await reopened.list_snapshots(run_id='old', include_interrupted=True)) == 3
+    assert query(database, 'SELECT COUNT(*) FROM schema_version') == [(1,)]
+    reopened.close()
+
+
+async def test_reads_the_upstream_deduplicated_layout(tmp_path: Path) -> None:
+    """Rows of the upstream package: `{"stored_messages": N}` plus its message and reference tables."""
+    database = tmp_path / 'upstream.db'
+    with sqlite3.connect(database) as conn:
+        conn.executescript(OLD_SCHEMA)
+        conn.executescript(
+            """
+            ALTER TABLE snapshots ADD COLUMN state TEXT NOT NULL DEFAULT 'complete';
+            ALTER TABLE snapshots ADD COLUMN idempotency_key TEXT;
+            CREATE TABLE snapshot_idempotency_keys (run_id TEXT NOT NULL, idempotency_key TEXT NOT NULL,
+                                                    PRIMARY KEY (run_id, idempotency_key));
+            CREATE TABLE snapshot_messages (sha256 TEXT PRIMARY KEY, message TEXT NOT NULL) WITHOUT ROWID;
+            CREATE TABLE snapshot_message_refs (snapshot_seq INTEGER NOT NULL, position INTEGER NOT NULL,
+                                                sha256 TEXT NOT NULL, PRIMARY KEY (snapshot_seq, position))
+                                                WITHOUT ROWID;
+            CREATE TRIGGER snapshots_idempotency_ignore BEFORE INSERT ON snapshots
+              WHEN NEW.idempotency_key IS NOT NULL AND EXISTS (SELECT 1 FROM snapshot_idempotency_keys
+                WHERE run_id = NEW.run_id AND idempotency_key = NEW.idempotency_key)
+              BEGIN SELECT RAISE(IGNORE); END;
+            """
+        )
+        texts = [
+            json.dumps(item, separators=(',', ':'))
+            for item in json.loads(ModelMessagesTypeAdapter.dump_json(history(1)))
+        ]
+        conn.execute(
+            'INSERT INTO snapshots (run_id, step_index, timestamp, messages, idempotency_key) VALUES (?, ?, ?, ?, ?)',
+            ('up', 1, T0.isoformat(), json.dumps({'stored_messages': len(texts)}), '0:1:complete'),
+        )
+        for position, text in enumerate(texts):
+            digest = f'{position:064x}'
+            conn.execute('INSERT INTO snapshot_messages VALUES (?, ?)', (digest, text))
+            conn.execute('INSERT INTO snapshot_message_refs VALUES (?, ?, ?)', (1, position, digest))
+        conn.execute("INSERT INTO snapshot_idempotency_keys VALUES ('up', '0:1:complete')")
+    store = SqliteStepStore(database=database, media_store=None)
+    latest = await store.latest_snapshot(run_id='up')
+    assert latest is not None and dump(latest.messages) == dump(history(1))
+    await store.save_snapshot(snap('up', history(2), 2, idempotency_key='0:1:complete'))  # an upstream key
+    await store.save_snapshot(snap('up', history(2), 2, idempotency_key='1:2:complete'))
+    assert [s.step_index for s in await store.list_snapshots(run_id='up')] == [1, 2]
+    triggers = query(database, "SELECT name FROM sqlite_master WHERE type = 'trigger'")
+    assert ('snapshots_idempotency_ignore',) not in triggers
+    store.close()
+
+
+async def test_refuses_a_database_from_a_newer_release(tmp_path: Path) -> None:
+    database = tmp_path / 'new.db'
+    with sqlite3.connect(database) as conn:
+        conn.execute('CREATE TABLE schema_version (version INTEGER NOT NULL)')
+        conn.execute('INSERT INTO schema_version VALUES (99)')
+    store = SqliteStepStore(database=database, media_store=None)
+    with pytest.raises(RuntimeError, match='schema version 99 is newer'):
+        await store.get_run(run_id='r')
+    store.close()
+
+
+# --- damaged rows ------------------------------------------------------------------------------
+
+
+async def test_damaged_snapshot_rows_fall_back_to_the_newest_readable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    database = tmp_path / 's.db'
+    store = SqliteStepStore(database=database, media_store=None)
+    for step in (1, 2, 3, 4):
+        await store.save_snapshot(snap('r', history(step), step))
+    store.close()
+    with sqlite3.connect(database) as conn:
+        conn.execute("UPDATE snapshots SET state = 'sideways' WHERE step_index = 4")
+        conn.execute("UPDATE snapshots SET message_count = NULL, log_size = NULL, messages = '[{' WHERE step_index = 3")
+        conn.execute('UPDATE messages SET message = \'{"parts": 7}\' WHERE log_index = 4')  # read by steps 2 to 4
+    reader = SqliteStepStore(database=database, media_store=None)
+    with caplog.at_level(logging.WARNING):
+        latest = await reader.latest_snapshot(run_id='r', include_interrupted=True)
+        snapshots = await reader.list_snapshots(run_id='r', include_interrupted=True)
+    assert latest is not None and latest.step_index == 1 and dump(latest.messages) == dump(history(1))
+    assert [s.step_index for s in snapshots] == [1]
+    assert 'skipping unreadable snapshot row' in caplog.text
+    reader.close()
+
+
+async def test_snapshot_with_missing_log_rows_is_skipped(tmp_path: Path) -> None:
+    database = tmp_path / 's.db'
+    store = SqliteStepStore(database=database, media_store=None)
+    await store.save_snapshot(snap('r', history(1), 1))
+    await store.save_snapshot(snap('r', history(2), 2))
+    with sqlite3.connect(database) as conn:
+        conn.execute('DELETE FROM messages WHERE log_index = 5')
+    latest = await SqliteStepStore(database=database, media_store=None).latest_snapshot(run_id='r')
+    assert latest is not None and latest.step_index == 1
+    # The writer notices the log changed under it and writes the next history in full.
+    await store.save_snapshot(snap('r', history(3), 3))
+    latest = await SqliteStepStore(database=database, media_store=None).latest_snapshot(run_id='r')
+    assert latest is not None and latest.step_index == 3 and dump(latest.messages) == dump(history(3))
+    store.close()
+
+
+async def test_damaged_run_event_and_effect_rows_are_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    database = tmp_path / 's.db'
+    store = SqliteStepStore(database=database, media_store=None)
+    for name in ('good', 'bad'):
+        await store.register_run(RunRecord(run_id=name, conversation_id='c', started_at=T0))
+        await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0, timestamp=T0))
+        await store.record_tool_effect(
+            ToolEffectRecord(tool_call_id=name, tool_name='t', run_id='r', status='started', started_at=T0)
+        )
+    store.close()
+    with sqlite3.connect(database) as conn:
+        conn.execute("UPDATE runs SET metadata = '{not json' WHERE run_id = 'bad'")
+        conn.execute("UPDATE events SET kind = 'exploded' WHERE seq = 2")
+        conn.execute("UPDATE tool_effects SET started_at = 'yesterday' WHERE tool_call_id = 'bad'")
+    reader = SqliteStepStore(database=database, media_store=None)
+    with caplog.at_level(logging.WARNING):
+        assert [r.run_id for r in await reader.list_runs(conversation_id='c')] == ['good']
+        assert await reader.get_run(run_id='bad') is None
+        assert len(await reader.list_events(run_id='r')) == 1
+        assert [r.tool_call_id for r in await reader.list_unresolved_tool_effects(run_id='r')] == ['good']
+        assert await reader.get_tool_effect(run_id='r', tool_call_id='bad') is None
+    assert caplog.text.count('skipping unreadable') >= 5
+    reader.close()
+
+
+# --- two writers of one run --------------------------------------------------------------------
+
+
+async def test_two_stores_writing_one_run_stay_exact(tmp_path: Path) -> None:
+    first = SqliteStepStore(database=tmp_path / 's.db', media_store=None)
+    second = SqliteStepStore(database=tmp_path / 's.db', media_store=None)
+    expected: list[bytes] = []
+    for step in range(1, 7):
+        writer = first if step % 3 else second
+        messages = history(step)[3:] if step == 4 else history(step)
+        await writer.save_snapshot(snap('r', messages, step))
+        expected.append(dump(messages))
+    for reader in (first, second):
+        assert [dump(s.messages) for s in await reader.list_snapshots(run_id='r')] == expected
+        reader.close()
