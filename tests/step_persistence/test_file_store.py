@@ -338,3 +338,26 @@ async def test_two_store_instances_writing_one_run_stay_exact(tmp_path: Path) ->
         expected.append(dump(messages))
     for reader in (first, second, FileStepStore(tmp_path)):
         assert [dump(s.messages) for s in await reader.list_snapshots(run_id='r')] == expected
+
+
+async def test_reads_of_an_empty_location_create_nothing(tmp_path: Path) -> None:
+    store = FileStepStore(tmp_path / 'not-yet')
+    assert await store.list_runs() == []
+    assert await store.get_run(run_id='r') is None
+    assert await store.latest_snapshot(run_id='r') is None
+    assert await store.list_events(run_id='r') == []
+    assert await store.list_unresolved_tool_effects(run_id='r') == []
+    assert not (tmp_path / 'not-yet').exists()
+
+
+async def test_a_run_directory_deleted_behind_the_store_is_written_again(tmp_path: Path) -> None:
+    import shutil
+
+    store = FileStepStore(tmp_path)
+    await store.save_snapshot(snap('r', history(1), 1))
+    shutil.rmtree(tmp_path / 'r')
+    with pytest.raises(FileNotFoundError):
+        await store.save_snapshot(snap('r', history(2), 2))
+    await store.save_snapshot(snap('r', history(3), 3))
+    latest = await FileStepStore(tmp_path).latest_snapshot(run_id='r')
+    assert latest is not None and latest.step_index == 3 and dump(latest.messages) == dump(history(3))

@@ -40,6 +40,7 @@ Why it is shaped like this:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import json
@@ -269,6 +270,10 @@ class FileStepStore:
                 self._runs.move_to_end(run_id)
             return state
 
+    def _drop_state(self, run_id: str) -> None:
+        with self._runs_lock:
+            self._runs.pop(run_id, None)
+
     def _register_run(self, record: RunRecord) -> None:
         run_dir = self._run_dir(record.run_id)
         target = run_dir / RUN_FILE
@@ -300,7 +305,7 @@ class FileStepStore:
     def _append_event(self, run_id: str, key: str | None, line: bytes) -> None:
         state = self._state(run_id)
         path = state.paths.events
-        with state.lock, _append_locked(path) as appender:
+        with state.lock, _append_locked(path, durable=self.durable) as appender:
             if key is not None:
                 state.events.sync_fd(appender.fd, path, state.add_event_lines)
                 if key in state.event_keys:
@@ -322,7 +327,7 @@ class FileStepStore:
     def _record_tool_effect(self, record: ToolEffectRecord) -> None:
         state = self._state(record.run_id)
         path = state.paths.effects
-        with state.lock, _append_locked(path) as appender:
+        with state.lock, _append_locked(path, durable=self.durable) as appender:
             appender.write(_line(tool_effect_to_dict(record)), self.durable)
             if state.effects_tail.follows(appender):
                 state.effects[record.tool_call_id] = record
@@ -345,9 +350,12 @@ class FileStepStore:
     async def _write_prepared(self, prepared: PreparedSnapshot) -> int | Literal['stale', 'suppressed']:
         try:
             return await run_blocking(self._write_snapshot, prepared)
-        except BaseException:
-            # The outcome is unknown (maybe partly written): the next save rewrites from scratch.
+        except BaseException as error:
+            # The outcome is unknown (maybe partly written): the next save rewrites from scratch,
+            # and after an I/O error (say, the run directory was deleted) re-reads the run's files.
             self._log.forget(prepared.snapshot.run_id)
+            if isinstance(error, OSError):
+                self._drop_state(prepared.snapshot.run_id)
             raise
 
     def _write_snapshot(self, prepared: PreparedSnapshot) -> int | Literal['stale', 'suppressed']:
@@ -363,7 +371,7 @@ class FileStepStore:
         paths = state.paths
         run_dir = paths.run_dir
         durable = self.durable
-        with state.lock, _append_locked(paths.messages) as log:
+        with state.lock, _append_locked(paths.messages, durable=durable) as log:
             if not state.snapshots_dir_ready:
                 if _make_dir(paths.snapshots) and durable:
                     _fsync_dir(run_dir)
@@ -509,6 +517,9 @@ class _Tail:
     def sync_path(self, path: Path, consume: _Consumer) -> None:
         """Read complete lines appended since the last sync (a partial last line is left for later)."""
         try:
+            info = os.stat(path)
+            if info.st_ino == self.inode and info.st_size == self.offset:
+                return  # nothing new: the common case, one stat instead of open + fstat + close
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             if self.inode is not None:
@@ -546,7 +557,7 @@ class _Tail:
         size = info.st_size
         if size == self.offset:
             return
-        data = os.pread(fd, size - self.offset, self.offset)
+        data = _read_at(fd, size - self.offset, self.offset)
         end = data.rfind(b'\n') + 1
         lines = data[:end].split(b'\n')[:-1] if end else []
         self.offset += end
@@ -759,6 +770,8 @@ class _Index:
 
     def _refresh(self, durable: bool) -> None:
         if not self._path.exists():
+            if not self._root.exists():
+                return  # nothing stored yet, and a read must not create the directory
             self._rebuild(durable)
         self._tail.sync_path(self._path, self._add_lines)
         if self._needs_repair:
@@ -1038,11 +1051,9 @@ class _Appender:
         if self.size_before < 0:
             size = os.fstat(self.fd).st_size
             self.size_before = self.size_after = size
-            if size and os.pread(self.fd, 1, size - 1) != b'\n':
+            if size and _read_at(self.fd, 1, size - 1) != b'\n':
                 data = b'\n' + data
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view) :]
+        _write_all(self.fd, data)
         if durable:
             os.fsync(self.fd)
             if self.size_before == 0:  # maybe a new file: make its name durable too
@@ -1051,15 +1062,22 @@ class _Appender:
 
 
 @contextmanager
-def _append_locked(path: Path, *, lock: bool = True, create: bool = True) -> Generator[_Appender]:
-    """An `O_APPEND` descriptor on `path`, under `flock` unless `lock=False` (closing releases it)."""
+def _append_locked(
+    path: Path, *, lock: bool = True, create: bool = True, durable: bool = False
+) -> Generator[_Appender]:
+    """An `O_APPEND` descriptor on `path`, under `flock` unless `lock=False` (closing releases it).
+
+    With `create`, a missing parent directory (a run seen for the first time) is created too,
+    and with `durable` its own parent is synced so the new directory survives power loss.
+    """
     flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
     try:
         fd = os.open(path, flags, 0o644)
     except FileNotFoundError:
         if not create:
             raise
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if _make_dir(path.parent) and durable:
+            _fsync_dir(path.parent.parent)
         fd = os.open(path, flags, 0o644)
     try:
         if lock:
@@ -1076,13 +1094,15 @@ def _write_exclusive(target: Path, data: bytes, durable: bool, *, sync_dir: bool
     name: readers see the whole file or none of it, and `link` refuses an existing name (unlike
     `rename`), which is what makes registration and seq allocation exclusive across processes.
     """
-    temp = target.with_name(f'{target.name}.{uuid.uuid4().hex}.tmp')
+    temp = f'{target}.{uuid.uuid4().hex}.tmp'
     try:
-        with open(temp, 'wb') as handle:
-            handle.write(data)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_all(fd, data)
             if durable:
-                handle.flush()
-                os.fsync(handle.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         try:
             os.link(temp, target)
         except FileExistsError:
@@ -1095,7 +1115,23 @@ def _write_exclusive(target: Path, data: bytes, durable: bool, *, sync_dir: bool
             _fsync_dir(target.parent)
         return True
     finally:
-        temp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+
+
+def _read_at(fd: int, size: int, offset: int) -> bytes:
+    """`os.pread`, or seek-and-read where it does not exist (Windows)."""
+    if hasattr(os, 'pread'):
+        return os.pread(fd, size, offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # pragma: no cover - Windows
+    return os.read(fd, size)  # pragma: no cover - Windows
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """`os.write` until done: one call for a regular file, unless interrupted or out of space."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _create_exclusive(target: Path, data: bytes, durable: bool) -> bool:
@@ -1104,7 +1140,7 @@ def _create_exclusive(target: Path, data: bytes, durable: bool) -> bool:
     except FileExistsError:
         return False
     try:
-        os.write(fd, data)
+        _write_all(fd, data)
         if durable:
             os.fsync(fd)
     finally:
