@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(store=args.store, keep=args.keep, model=args.model, stream=sys.stdout)
         out = _commands.Output.for_stream(sys.stdout)
         handler: _commands.Command = args.handler
-        anyio.run(handler, args, out)
+        anyio.run(_run_command, handler, args, out)
         sys.stdout.flush()
     except CliError as error:
         _error(str(error))
@@ -170,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(f'{type(error).__name__}: {error} (--debug shows the traceback)')
         return 1
     return 0
+
+
+async def _run_command(handler: _commands.Command, args: argparse.Namespace, out: _commands.Output) -> None:
+    try:
+        await handler(args, out)
+    finally:
+        await out.close()
 
 
 def _error(message: str) -> None:

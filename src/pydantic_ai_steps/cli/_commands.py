@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter
@@ -22,16 +22,18 @@ from . import _inspect
 from ._errors import CliError
 from ._messages import media_policy, render_messages
 from ._render import STATUS_COLOURS, Cell, ProgressLine, Style, TreeNode, size, table, terminal_width, tree, when
-from ._stores import InspectableStore, StoreLocation, open_existing
+from ._stores import InspectableStore, StoreLocation, close_store, open_existing
 
 
 @dataclass
 class Output:
-    """Where a command writes, and how: colour and table width follow the stream."""
+    """One invocation's context: where a command writes (colour and table width follow the
+    stream), and the stores it opened, which `close` releases when the command ends."""
 
     stream: TextIO
     style: Style
     width: int | None
+    opened: list[InspectableStore] = field(default_factory=list['InspectableStore'])
 
     @classmethod
     def for_stream(cls, stream: TextIO) -> Output:
@@ -44,15 +46,20 @@ class Output:
         json.dump(value, self.stream, indent=2, ensure_ascii=False)
         self.stream.write('\n')
 
+    def open_store(self, args: argparse.Namespace) -> tuple[StoreLocation, InspectableStore]:
+        value: str | None = args.store
+        if not value:
+            raise CliError('no store given: pass --store URL (for example --store sqlite:///steps-demo.db)')
+        location, store = open_existing(value)
+        self.opened.append(store)
+        return location, store
+
+    async def close(self) -> None:
+        while self.opened:
+            await close_store(self.opened.pop())
+
 
 Command = Callable[[argparse.Namespace, Output], Awaitable[None]]
-
-
-def store_from_args(args: argparse.Namespace) -> tuple[StoreLocation, InspectableStore]:
-    value: str | None = args.store
-    if not value:
-        raise CliError('no store given: pass --store URL (for example --store sqlite:///steps-demo.db)')
-    return open_existing(value)
 
 
 def summary_dict(summary: _inspect.RunSummary) -> dict[str, Any]:
@@ -85,7 +92,7 @@ def _status(status: str) -> Cell:
 
 async def cmd_runs(args: argparse.Namespace, out: Output) -> None:
     """Table of runs, oldest first, so the newest is the last line (as `list_runs(...)[-1]`)."""
-    _, store = store_from_args(args)
+    _, store = out.open_store(args)
     with ProgressLine('reading runs') as progress:
         summaries = await _inspect.list_summaries(
             store,
@@ -118,7 +125,7 @@ async def cmd_runs(args: argparse.Namespace, out: Output) -> None:
 
 async def cmd_tree(args: argparse.Namespace, out: Output) -> None:
     """Runs under the runs that delegated them (`parent_run_id`), with status and open effects."""
-    location, store = store_from_args(args)
+    location, store = out.open_store(args)
     if args.run is not None:
         await _inspect.require_run(store, args.run, location.url)
     with ProgressLine('reading runs') as progress:
@@ -155,7 +162,7 @@ def tree_node(summary: _inspect.RunSummary, style: Style) -> TreeNode:
 
 async def cmd_events(args: argparse.Namespace, out: Output) -> None:
     """A run's event log in append order."""
-    location, store = store_from_args(args)
+    location, store = out.open_store(args)
     await _inspect.require_run(store, args.run, location.url)
     events = await store.list_events(run_id=args.run)
     if args.json:
@@ -190,7 +197,7 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> None:
 
 async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
     """The tool side-effect ledger of a run; `started` entries are the ones recovery must decide."""
-    location, store = store_from_args(args)
+    location, store = out.open_store(args)
     await _inspect.require_run(store, args.run, location.url)
     effects = await _inspect.tool_effects(store, args.run, unresolved_only=args.unresolved)
     if args.json:
@@ -223,7 +230,7 @@ async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
 
 async def cmd_snapshot(args: argparse.Namespace, out: Output) -> None:
     """The newest continuable snapshot of a run, messages rendered for reading."""
-    location, store = store_from_args(args)
+    location, store = out.open_store(args)
     await _inspect.require_run(store, args.run, location.url)
     snapshot = await store.latest_snapshot(run_id=args.run, include_interrupted=args.include_interrupted)
     if snapshot is None:
@@ -247,7 +254,7 @@ async def cmd_snapshot(args: argparse.Namespace, out: Output) -> None:
 
 async def cmd_stats(args: argparse.Namespace, out: Output) -> None:
     """Totals of the whole store: how much it holds and what it costs on disk."""
-    location, store = store_from_args(args)
+    location, store = out.open_store(args)
     with ProgressLine('reading runs') as progress:
         stats = await _inspect.store_stats(
             store,
@@ -287,7 +294,7 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
     Each line carries `"type"` (`run`, `event`, `tool_effect`, `snapshot`), so `jq 'select(.type ==
     "event")'` and friends work without knowing the order.
     """
-    location, store = store_from_args(args)
+    location, store = out.open_store(args)
     record = await _inspect.require_run(store, args.run, location.url)
     # A blocking file in an async command is fine here: the CLI runs nothing else concurrently.
     target = open(args.output, 'w', encoding='utf-8') if args.output else None  # noqa: SIM115, ASYNC230
@@ -319,7 +326,7 @@ def _jsonl(stream: TextIO, value: dict[str, Any]) -> None:
 
 async def cmd_continue(args: argparse.Namespace, out: Output) -> None:
     """The history to continue a run with, as JSON for `ModelMessagesTypeAdapter.validate_json`."""
-    location, store = store_from_args(args)
+    location, store = out.open_store(args)
     await _inspect.require_run(store, args.run, location.url)
     try:
         history = await continue_run(store, run_id=args.run, include_interrupted=args.include_interrupted)

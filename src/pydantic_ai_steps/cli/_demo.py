@@ -49,7 +49,7 @@ from ._demo_story import (
 )
 from ._errors import CliError
 from ._render import Style, terminal_width, tree
-from ._stores import InspectableStore, StoreLocation, resolve
+from ._stores import InspectableStore, StoreLocation, close_store, resolve
 
 PROG = 'pydantic-ai-steps'
 WORKER_TIMEOUT_SECONDS = 120.0
@@ -133,7 +133,14 @@ class _Demo:
     async def play(self, keep: bool) -> None:
         started = time.monotonic()
         note = await self._prepare_store(keep)
-        store = self.store = self.location.open()
+        self.store = self.location.open()
+        try:
+            await self._tell(note)
+        finally:
+            await close_store(self.store)  # closing also checkpoints SQLite's write-ahead log
+        self.out.line(f'\nDone in {time.monotonic() - started:.1f} s. Run `{PROG} --help` for every command.')
+
+    async def _tell(self, note: str) -> None:
         out = self.out
         out.line(out.style(f'{PROG} demo', 'bold') + ': StepPersistence through a crash, with no API key')
         out.line(f'store:  {self.location.url} ({note})')
@@ -141,7 +148,7 @@ class _Demo:
         out.line(f'issue tracker stand-in (where the side effect lands): {self.outbox.path}')
 
         orchestrator = build_orchestrator(
-            store,
+            self._store,
             orchestrator_model(self.model),
             run_id=self.orchestrator_run_id,
             ask_librarian=self._ask_librarian,
@@ -154,7 +161,6 @@ class _Demo:
         self.cmd('tree')
         self.cmd('runs')
         self.cmd('stats')
-        out.line(f'\nDone in {time.monotonic() - started:.1f} s. Run `{PROG} --help` for every command.')
 
     async def _prepare_store(self, keep: bool) -> str:
         """Reset the store unless `--keep`, but only a store whose runs the demo wrote itself."""
@@ -165,7 +171,11 @@ class _Demo:
         location.backend.check_store(location)
         if keep:
             return 'kept: --keep adds to the runs already there'
-        runs = await location.open().list_runs()
+        existing = location.open()
+        try:
+            runs = await existing.list_runs()
+        finally:
+            await close_store(existing)  # before deleting its files
         foreign = [run for run in runs if run.metadata.get('written_by') != DEMO_METADATA['written_by']]
         if foreign:
             raise CliError(

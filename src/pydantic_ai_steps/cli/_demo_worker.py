@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 
 from ._demo_story import Outbox, ToolHooks, build_librarian, librarian_model
-from ._stores import resolve
+from ._stores import close_store, resolve
 
 STALL_SECONDS = 60.0
 """How long the side effect "takes": far longer than the parent needs to kill the process."""
@@ -41,7 +41,10 @@ async def run(args: argparse.Namespace) -> None:
     librarian = build_librarian(
         store, librarian_model(args.model), hooks, Outbox(Path(args.outbox)), parent_run_id=args.parent_run_id
     )
-    result = await librarian.run(args.question, conversation_id=args.conversation)
+    try:
+        result = await librarian.run(args.question, conversation_id=args.conversation)
+    finally:
+        await close_store(store)
     report(finished=result.output)
 
 

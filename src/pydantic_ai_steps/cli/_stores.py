@@ -11,6 +11,7 @@ knows which backends exist. Two are built in:
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shutil
@@ -261,6 +262,22 @@ def open_existing(value: str) -> tuple[StoreLocation, InspectableStore]:
         raise CliError(f'no store at {location.url} ({location.target} does not exist)')
     location.backend.check_store(location)
     return location, location.open()
+
+
+async def close_store(store: object) -> None:
+    """Release what a store holds open (SQLite connections), for stores that have `aclose`/`close`.
+
+    Not part of the protocol, so looked up by name: a store without either has nothing to release.
+    """
+    aclose = getattr(store, 'aclose', None)
+    if callable(aclose):
+        pending = aclose()
+        if inspect.isawaitable(pending):
+            await pending
+        return
+    close = getattr(store, 'close', None)
+    if callable(close):
+        close()
 
 
 def sqlite_url(path: Path) -> str:
