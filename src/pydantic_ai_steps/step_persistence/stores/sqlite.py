@@ -65,6 +65,7 @@ _SAVEPOINT = 'pydantic_ai_steps_store'
 _STALE: Literal['stale'] = 'stale'
 _SUPPRESSED: Literal['suppressed'] = 'suppressed'
 _DELETE_CHUNK = 500
+_PAGE_SIZE = 8192
 _R = TypeVar('_R')
 
 _RUN_COLUMNS: tuple[str, ...] = (
@@ -130,7 +131,9 @@ _CREATE_TABLES = (
     'message_count INTEGER, log_size INTEGER)',
     'CREATE TABLE IF NOT EXISTS messages ('
     'run_id TEXT NOT NULL, log_index INTEGER NOT NULL, position INTEGER NOT NULL, message TEXT NOT NULL, '
-    'PRIMARY KEY (run_id, log_index)) WITHOUT ROWID',
+    # A rowid table, not WITHOUT ROWID: messages are kilobytes, and WITHOUT ROWID keeps only ~1 KB
+    # of a row on its page and spills the rest to overflow pages, which nearly doubled the file.
+    'PRIMARY KEY (run_id, log_index))',
     'CREATE TABLE IF NOT EXISTS snapshot_keys ('
     'run_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, PRIMARY KEY (run_id, idempotency_key)) WITHOUT ROWID',
     'CREATE TABLE IF NOT EXISTS tool_effects ('
