@@ -65,7 +65,6 @@ _SAVEPOINT = 'pydantic_ai_steps_store'
 _STALE: Literal['stale'] = 'stale'
 _SUPPRESSED: Literal['suppressed'] = 'suppressed'
 _DELETE_CHUNK = 500
-_PAGE_SIZE = 8192
 _R = TypeVar('_R')
 
 _RUN_COLUMNS: tuple[str, ...] = (
