@@ -1,0 +1,65 @@
+"""File and SQLite step stores keeping their media on live S3 servers: snapshots restore byte-exact."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter
+
+from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps.media import S3MediaStore, media_uri_for
+from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore, continue_run
+from tests.step_persistence.agents import call, scripted
+
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
+
+IMAGE = os.urandom(300 * 1024)
+REPORT = 'A long tool result line.\n' * 4000  # ~100 KB of text
+
+
+def step_store(kind: str, root: Path, media: S3MediaStore) -> StepStore:
+    if kind == 'file':
+        return FileStepStore(root / 'runs', media_store=media)
+    return SqliteStepStore(database=root / 'runs.db', media_store=media)
+
+
+@pytest.mark.parametrize('kind', ['file', 'sqlite'])
+async def test_snapshots_restore_byte_exact_with_media_on_s3(
+    kind: str, tmp_path: Path, make_store: Callable[..., S3MediaStore]
+) -> None:
+    media = make_store()
+    store = step_store(kind, tmp_path, media)
+    agent = Agent(
+        scripted([call('fetch_report', 'c1')], 'described'),
+        capabilities=[StepPersistence(store=store, run_id=f'{kind}-on-s3')],
+    )
+
+    @agent.tool_plain
+    def fetch_report() -> str:
+        return REPORT
+
+    result = await agent.run(['Describe this and fetch the report', BinaryContent(IMAGE, media_type='image/png')])
+    assert await media.exists(media_uri_for(IMAGE), context=_context('image/png'))
+    assert await media.exists(media_uri_for(REPORT.encode()), context=_context('text/plain'))
+
+    reopened = step_store(kind, tmp_path, media)
+    history = await continue_run(reopened, run_id=f'{kind}-on-s3')
+    dump = ModelMessagesTypeAdapter.dump_json
+    assert dump(history) == dump(result.all_messages())
+    snapshots = await reopened.list_snapshots(run_id=f'{kind}-on-s3')  # type: ignore[attr-defined]
+    assert len(snapshots) == 2
+    assert dump(snapshots[0].messages) == dump(result.all_messages()[:3])
+    close = getattr(reopened, 'close', None)
+    if callable(close):
+        close()
+
+
+def _context(media_type: str) -> Any:
+    from pydantic_ai_steps.media import MediaContext
+
+    return MediaContext(media_type=media_type)
