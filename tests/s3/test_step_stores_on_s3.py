@@ -53,10 +53,21 @@ async def test_snapshots_restore_byte_exact_with_media_on_s3(
     assert dump(history) == dump(result.all_messages())
     snapshots = await reopened.list_snapshots(run_id=f'{kind}-on-s3')  # type: ignore[attr-defined]
     assert len(snapshots) == 2
-    assert dump(snapshots[0].messages) == dump(result.all_messages()[:3])
+    # The first boundary's copy predates the fields pydantic-ai stamps on its last request later,
+    # so compare what the parts carry: the image bytes and the 100 KB tool result.
+    assert _contents(snapshots[0].messages) == _contents(result.all_messages()[:3])
     close = getattr(reopened, 'close', None)
     if callable(close):
         close()
+
+
+def _contents(messages: list[Any]) -> list[tuple[str, Any]]:
+    def plain(content: Any) -> Any:
+        if isinstance(content, BinaryContent):  # an image comes back as pydantic-ai's BinaryImage
+            return ('binary', content.data, content.media_type)
+        return [plain(item) for item in content] if isinstance(content, list) else content
+
+    return [(part.part_kind, plain(getattr(part, 'content', None))) for message in messages for part in message.parts]
 
 
 def _context(media_type: str) -> Any:
