@@ -335,3 +335,33 @@ async def test_two_stores_writing_one_run_stay_exact(tmp_path: Path) -> None:
     for reader in (first, second):
         assert [dump(s.messages) for s in await reader.list_snapshots(run_id='r')] == expected
         reader.close()
+
+
+@pytest.mark.parametrize('where', ['file', 'memory'])
+async def test_shared_connection_with_media_under_concurrent_runs(tmp_path: Path, where: str) -> None:
+    """Large payloads go to the `media` table of the same database while several runs write at once."""
+    import anyio
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    target = str(tmp_path / 'shared.db') if where == 'file' else ':memory:'
+    conn = sqlite3.connect(target, check_same_thread=False)
+    store = SqliteStepStore(connection=conn)
+
+    def big(run: int, step: int) -> list:  # type: ignore[type-arg]
+        prompt = f'run {run} step {step} ' + 'z' * 70_000
+        return [*history(step), ModelRequest(parts=[UserPromptPart(prompt, timestamp=T0)], timestamp=T0)]
+
+    async def one_run(run: int) -> None:
+        for step in range(1, 5):
+            await store.save_snapshot(snap(f'r{run}', big(run, step), step))
+
+    async with anyio.create_task_group() as group:
+        for run in range(6):
+            group.start_soon(one_run, run)
+    for run in range(6):
+        latest = await store.latest_snapshot(run_id=f'r{run}')
+        assert latest is not None and dump(latest.messages) == dump(big(run, 4))
+    assert conn.execute('SELECT COUNT(*) FROM media').fetchone()[0] == 24
+    assert not conn.in_transaction
+    store.close()
+    conn.close()

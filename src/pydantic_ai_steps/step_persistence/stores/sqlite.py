@@ -173,13 +173,16 @@ class SqliteStepStore:
     Give exactly one of `database=` (a path; the store opens and owns one connection, lazily, on a
     worker thread) or `connection=` (a `sqlite3.Connection` that must be opened with
     `check_same_thread=False`, because store calls run on worker threads; the caller owns and
-    closes it). On a shared connection the store writes inside a `SAVEPOINT`: outside a
-    transaction of yours that commits at once; inside one, it commits with yours. Calls through
+    closes it). On a shared connection each write is its own `BEGIN IMMEDIATE` transaction,
+    committed at once; if you have a transaction open, the write goes in a savepoint inside it
+    and commits with yours. Calls through
     this store are serialized, but other users of a shared connection must not run statements on it
     at the same time (the same holds for a `SqliteMediaStore` given the same connection).
 
     Payloads of `media_threshold_bytes` or more go to `media_store`: by default a
-    `SqliteMediaStore` on the same database (table `media`); `None` keeps them inline.
+    `SqliteMediaStore` on the same database (table `media`), through a connection of its own
+    (except for an in-memory database, which only the given connection can reach); `None` keeps
+    them inline.
 
     What survives what: WAL mode is switched on (for a shared connection too). With
     `durable=False` (`synchronous=NORMAL`) a committed call survives a crash of the process, and
@@ -211,18 +214,25 @@ class SqliteStepStore:
         self._connection = connection
         self._owns_connection = connection is None
         self.durable = durable
+        self._lock = threading.Lock()
         self._owned_media: Any = None
         if media_store == 'auto':
             from ...media.stores.sqlite import SqliteMediaStore
 
-            if self._database is not None:
-                media_store = SqliteMediaStore(database=self._database)
+            # Same database, own connection: the media store serializes its calls with its own lock,
+            # so on a shared connection its commit could land inside this store's transaction.
+            path = self._database if self._database is not None else _database_file(connection)
+            if path is not None:
+                media_store = SqliteMediaStore(database=path)
                 self._owned_media = media_store
-            else:
+            else:  # an in-memory database exists only on that connection
                 media_store = SqliteMediaStore(connection=connection)
+                # Then both stores must take turns on it: `sqlite3` does not survive two threads
+                # running statements on one connection at once. SqliteMediaStore has no public way
+                # to pass a lock in, so it is handed this store's lock.
+                media_store._lock = self._lock  # pyright: ignore[reportPrivateUsage]
         self.media_store: MediaStore | None = media_store
         self._log = MessageLog(media_store, threshold)
-        self._lock = threading.Lock()
         self._schema_ready = False
 
     def __repr__(self) -> str:
@@ -632,16 +642,18 @@ class SqliteStepStore:
 
     @contextmanager
     def _write(self, conn: sqlite3.Connection, *, immediate: bool = False) -> Generator[None]:
-        """A write transaction: `BEGIN IMMEDIATE` on the store's connection, a savepoint on a shared one.
+        """A write transaction that takes the write lock up front (`BEGIN IMMEDIATE`).
 
-        `IMMEDIATE` takes the write lock up front, so a transaction that reads then writes never
-        fails half way with `database is locked` when another process writes at the same time.
-        A single statement on the store's own (autocommit) connection needs no transaction.
+        Taking it up front matters: a deferred transaction that reads and then writes fails at
+        once with `database is locked` if another connection committed in between. A single
+        statement on the store's own (autocommit) connection needs no transaction at all. On a
+        shared connection already inside a transaction of the caller's, the work goes in a
+        savepoint and commits (or not) with the caller's transaction.
         """
-        if self._owns_connection:
-            if not immediate:
-                yield
-                return
+        if self._owns_connection and not immediate:
+            yield
+            return
+        if not conn.in_transaction:
             conn.execute('BEGIN IMMEDIATE')
             try:
                 yield
@@ -829,6 +841,16 @@ def _metadata_value(raw: object) -> dict[str, str]:
     except ValueError as error:
         raise ValueError(f'metadata column is not valid JSON: {error}') from None
     return metadata_dict(value, 'row')
+
+
+def _database_file(connection: sqlite3.Connection | None) -> str | None:
+    """The file behind a connection's main database; `None` for an in-memory or temporary one."""
+    if connection is None:
+        return None
+    for _, name, path in connection.execute('PRAGMA database_list').fetchall():
+        if name == 'main':
+            return path or None
+    return None  # pragma: no cover - every connection has a main database
 
 
 def _compact(value: object) -> str:
