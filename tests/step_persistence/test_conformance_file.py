@@ -7,12 +7,9 @@ import pytest
 from pydantic_ai_steps.step_persistence import FileStepStore
 from pydantic_ai_steps.testing.step_store import StepStoreConformance, StoreFactory
 
-from ._round_trip import round_trip_property
-
 
 class TestFileStepStore(StepStoreConformance):
     persistent = True
-    test_arbitrary_histories_round_trip_exactly = round_trip_property()
 
     @pytest.fixture
     def make_store(self, tmp_path: Path) -> StoreFactory:
@@ -21,7 +18,6 @@ class TestFileStepStore(StepStoreConformance):
 
 class TestFileStepStoreInlineMedia(StepStoreConformance):
     persistent = True
-    test_arbitrary_histories_round_trip_exactly = round_trip_property()
 
     @pytest.fixture
     def make_store(self, tmp_path: Path) -> StoreFactory:
@@ -30,7 +26,6 @@ class TestFileStepStoreInlineMedia(StepStoreConformance):
 
 class TestFileStepStoreDurable(StepStoreConformance):
     persistent = True
-    test_arbitrary_histories_round_trip_exactly = round_trip_property()
 
     @pytest.fixture
     def make_store(self, tmp_path: Path) -> StoreFactory:

@@ -9,12 +9,9 @@ import pytest
 from pydantic_ai_steps.step_persistence import SqliteStepStore
 from pydantic_ai_steps.testing.step_store import StepStoreConformance, StoreFactory
 
-from ._round_trip import round_trip_property
-
 
 class TestSqliteStepStore(StepStoreConformance):
     persistent = True
-    test_arbitrary_histories_round_trip_exactly = round_trip_property()
 
     @pytest.fixture
     def make_store(self, tmp_path: Path) -> StoreFactory:
@@ -23,7 +20,6 @@ class TestSqliteStepStore(StepStoreConformance):
 
 class TestSqliteStepStoreInlineMedia(StepStoreConformance):
     persistent = True
-    test_arbitrary_histories_round_trip_exactly = round_trip_property()
 
     @pytest.fixture
     def make_store(self, tmp_path: Path) -> StoreFactory:
@@ -32,7 +28,6 @@ class TestSqliteStepStoreInlineMedia(StepStoreConformance):
 
 class TestSqliteStepStoreSharedConnection(StepStoreConformance):
     persistent = True
-    test_arbitrary_histories_round_trip_exactly = round_trip_property()
 
     @pytest.fixture
     def connection(self, tmp_path: Path) -> Iterator[sqlite3.Connection]:
