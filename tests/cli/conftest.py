@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from pydantic_ai_steps.cli._stores import close_store
 from pydantic_ai_steps.step_persistence import StepStore
 
 from .populate import Population, populate
@@ -120,5 +121,13 @@ def populated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     kind: str = request.param
     root = tmp_path_factory.mktemp(kind)
     store, url = open_store(kind, root)
-    runs = anyio.run(populate, store)
+    runs = anyio.run(populate_and_close, store)
     return PopulatedStore(kind, url, root, runs)
+
+
+async def populate_and_close(store: StepStore) -> Population:
+    """`populate`, then release the store, so the commands under test are its only readers."""
+    try:
+        return await populate(store)
+    finally:
+        await close_store(store)

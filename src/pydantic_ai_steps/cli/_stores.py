@@ -144,7 +144,13 @@ class SqliteBackend(Backend):
         return SqliteStepStore(database=location.target)
 
     def size_bytes(self, location: StoreLocation) -> int:
-        return sum(_file_size(path) for path in _sqlite_files(Path(location.target)))
+        """The database, its write-ahead log and any rollback journal: the files holding data.
+
+        Not the `-shm` WAL index: shared memory that exists only while some connection is open
+        (this command's own read-only check creates it), so counting it would make the size
+        depend on who happens to be reading.
+        """
+        return sum(_file_size(path) for path in _sqlite_files(Path(location.target)) if not path.name.endswith('-shm'))
 
     def media_blobs(self, location: StoreLocation) -> int | None:
         """Rows of the `media` table that `SqliteMediaStore` keeps in the same database."""
