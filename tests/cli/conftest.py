@@ -1,17 +1,30 @@
-"""Drive the real console script in a subprocess, in a pipe or on a pseudo-terminal."""
+"""Drive the command line: in this process (`main(argv)`, the default), or as the real console
+script in a subprocess, in a pipe or on a pseudo-terminal, where the process boundary is the point.
+
+Starting `python -m pydantic_ai_steps.cli` costs ~1.7 s of importing pydantic_ai, so tests call
+`run_cli_inprocess`, which runs the same `main` the console script runs, with stdout and stderr
+captured in a pipe's stead. `run_cli` (a real subprocess) is kept for what only a process shows:
+the installed console script, `python -m`, exit statuses, terminals, broken pipes, the demo's kill.
+Set `PYDANTIC_AI_STEPS_CLI_TESTS=subprocess` to run every in-process call as a subprocess instead,
+to check the two agree.
+"""
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import select
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import pytest
 
+from pydantic_ai_steps.cli import main
 from pydantic_ai_steps.cli._stores import close_store
 from pydantic_ai_steps.step_persistence import StepStore
 
@@ -19,6 +32,7 @@ from .populate import Population, populate
 
 CLI = [sys.executable, '-m', 'pydantic_ai_steps.cli']
 TIMEOUT = 180
+ALL_IN_SUBPROCESSES = os.environ.get('PYDANTIC_AI_STEPS_CLI_TESTS') == 'subprocess'
 
 
 def cli_env(**overrides: str | None) -> dict[str, str]:
@@ -30,6 +44,15 @@ def cli_env(**overrides: str | None) -> dict[str, str]:
         else:
             env[key] = value
     return env
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What a command left behind, read like a `subprocess.CompletedProcess`."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
 def run_cli(
@@ -47,14 +70,64 @@ def run_cli(
     )
 
 
-@dataclass
-class TtyResult:
-    returncode: int
-    stdout: str
-    stderr: str
+def run_cli_inprocess(*args: str, cwd: Path | None = None, **env: str | None) -> CliResult:
+    """`main(ARGS)` in this process, as `run_cli` runs the console script in a pipe.
+
+    stdout and stderr are `StringIO`s (not terminals: no colour, no width, no progress), NO_COLOR
+    is unset and `env` applied (`None` unsets) with monkeypatch, `cwd` is entered with chdir, all
+    undone on return. argparse's `SystemExit` becomes the exit code. What a process with nothing
+    configured would also print on stderr is captured there too: log records of WARNING and above
+    (logging's last-resort handler) and warnings Python shows by default (deprecation and resource
+    warnings, hidden from a user, are passed on to pytest).
+    """
+    if ALL_IN_SUBPROCESSES:
+        completed = subprocess.run(
+            [*CLI, *args], capture_output=True, text=True, cwd=cwd, env=cli_env(**env), timeout=TIMEOUT, check=False
+        )
+        return CliResult(completed.returncode, completed.stdout, completed.stderr)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(stderr)
+    handler.setLevel(logging.WARNING)
+    root = logging.getLogger()
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        patch.delenv('NO_COLOR', raising=False)
+        for key, value in env.items():
+            if value is None:
+                patch.delenv(key, raising=False)
+            else:
+                patch.setenv(key, value)
+        if cwd is not None:
+            patch.chdir(cwd)
+        patch.setattr(sys, 'stdout', stdout)
+        patch.setattr(sys, 'stderr', stderr)
+        root.addHandler(handler)
+        try:
+            returncode = main(list(args))
+        except SystemExit as exit:  # argparse: --help and usage errors
+            returncode = _exit_status(exit.code, stderr)
+        finally:
+            root.removeHandler(handler)
+    for warning in caught:
+        if issubclass(
+            warning.category, (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+        ):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        else:
+            stderr.write(warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno))
+    return CliResult(returncode, stdout.getvalue(), stderr.getvalue())
 
 
-def run_on_tty(*args: str, columns: int = 200, **env: str | None) -> TtyResult:
+def _exit_status(code: object, stderr: io.StringIO) -> int:
+    """The status `sys.exit(code)` gives a process."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    stderr.write(f'{code}\n')
+    return 1
+
+
+def run_on_tty(*args: str, columns: int = 200, **env: str | None) -> CliResult:
     """Run with stdout and stderr each on its own pseudo-terminal, as in an interactive shell."""
     import pty
 
@@ -91,7 +164,7 @@ def run_on_tty(*args: str, columns: int = 200, **env: str | None) -> TtyResult:
     def text(fd: int) -> str:
         return b''.join(chunks[fd]).decode().replace('\r\n', '\n')
 
-    return TtyResult(returncode, text(out_master), text(err_master))
+    return CliResult(returncode, text(out_master), text(err_master))
 
 
 def open_store(kind: str, root: Path) -> tuple[StepStore, str]:

@@ -1,4 +1,6 @@
-"""Every inspector command, run as the real console script against real SQLite and File stores."""
+"""Every inspector command against real SQLite and File stores: run in-process through `main`, and
+as the real console script where the process is what is tested (PATH, `python -m`, exit status,
+terminals, broken pipes)."""
 
 from __future__ import annotations
 
@@ -14,19 +16,21 @@ import anyio
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter, UserPromptPart
 
+from pydantic_ai_steps.cli._stores import close_store
 from pydantic_ai_steps.media import media_uri_for
+from pydantic_ai_steps.step_persistence import ContinuableSnapshot, RunRecord, StepStore
 
-from .conftest import PopulatedStore, open_store, run_cli, run_on_tty
+from .conftest import PopulatedStore, open_store, run_cli, run_cli_inprocess, run_on_tty
 from .populate import BIG_IMAGE, BIG_TEXT, SMALL_IMAGE
 
 ANSI = '\x1b['
 posix_only = pytest.mark.skipif(sys.platform == 'win32', reason='pseudo-terminals are POSIX')
 sqlite_only = pytest.mark.parametrize('populated', ['sqlite'], indirect=True)
-"""For behaviour that does not depend on the backend: one store kind is enough (each run costs a process)."""
+"""For behaviour that does not depend on the backend (or needs a real process): one store kind is enough."""
 
 
 def ok(*args: str) -> str:
-    result = run_cli(*args)
+    result = run_cli_inprocess(*args)
     assert result.returncode == 0, result.stderr
     assert ANSI not in result.stdout  # a pipe never gets colour
     return result.stdout
@@ -198,7 +202,7 @@ def test_export_jsonl(populated: PopulatedStore, tmp_path: Path) -> None:
     assert lines[5]['idempotency_key'] == 'deploy::service-a::v2'
 
     target = tmp_path / 'orch.jsonl'
-    result = run_cli('export', runs.orchestrator, '-o', str(target), '--store', populated.url)
+    result = run_cli_inprocess('export', runs.orchestrator, '-o', str(target), '--store', populated.url)
     assert result.returncode == 0 and result.stdout == ''
     assert result.stderr == f'exported run {runs.orchestrator} to {target}\n'
     exported = [json.loads(line) for line in target.read_text().splitlines()]
@@ -210,7 +214,14 @@ def test_continue_prints_a_history_ready_for_message_history(populated: Populate
     runs = populated.runs
     history = ModelMessagesTypeAdapter.validate_json(ok('continue', runs.librarian, '--store', populated.url))
     store, _ = open_store(populated.kind, populated.root)
-    snapshot = anyio.run(lambda: store.latest_snapshot(run_id=runs.librarian))
+
+    async def latest() -> ContinuableSnapshot | None:
+        try:
+            return await store.latest_snapshot(run_id=runs.librarian)
+        finally:
+            await close_store(store)
+
+    snapshot = anyio.run(latest)
     assert snapshot is not None
     assert ModelMessagesTypeAdapter.dump_json(history) == ModelMessagesTypeAdapter.dump_json(snapshot.messages)
 
@@ -234,20 +245,25 @@ def test_continue_prints_a_history_ready_for_message_history(populated: Populate
     ],
 )
 def test_unknown_run_is_one_line(populated: PopulatedStore, args: list[str], message: str) -> None:
-    result = run_cli(*args, '--store', populated.url)
+    result = run_cli_inprocess(*args, '--store', populated.url)
     assert result.returncode == 1
     assert result.stdout == ''
     assert result.stderr.startswith('pydantic-ai-steps: error: ' + message.format(url=populated.url))
     assert result.stderr.count('\n') == 1
 
 
-def test_no_snapshot_is_one_line(tmp_path: Path) -> None:
-    from pydantic_ai_steps.step_persistence import RunRecord
+async def register_and_close(store: StepStore, record: RunRecord) -> None:
+    try:
+        await store.register_run(record)
+    finally:
+        await close_store(store)
 
+
+def test_no_snapshot_is_one_line(tmp_path: Path) -> None:
     store, url = open_store('sqlite', tmp_path)
-    anyio.run(lambda: store.register_run(RunRecord(run_id='bare')))
+    anyio.run(register_and_close, store, RunRecord(run_id='bare'))
     for command in ('snapshot', 'continue'):
-        result = run_cli(command, 'bare', '--store', url)
+        result = run_cli_inprocess(command, 'bare', '--store', url)
         assert result.returncode == 1
         assert result.stderr.count('\n') == 1
         assert 'no continuable complete snapshot' in result.stderr or 'has no complete snapshot' in result.stderr
@@ -270,7 +286,7 @@ def test_no_snapshot_is_one_line(tmp_path: Path) -> None:
 )
 def test_store_errors_are_one_line(tmp_path: Path, store: str, message: str) -> None:
     (tmp_path / 'notes.txt').write_text('not a store')
-    result = run_cli('runs', '--store', store.format(tmp=tmp_path))
+    result = run_cli_inprocess('runs', '--store', store.format(tmp=tmp_path))
     assert result.returncode == 1
     assert result.stdout == ''
     assert result.stderr.startswith('pydantic-ai-steps: error: ' + message.format(tmp=tmp_path))
@@ -279,19 +295,20 @@ def test_store_errors_are_one_line(tmp_path: Path, store: str, message: str) -> 
 
 
 def test_missing_store_option_and_bad_arguments() -> None:
+    # A real `python -m pydantic_ai_steps.cli`: main's return value must become the exit status.
     result = run_cli('runs')
     assert (result.returncode, result.stderr) == (
         1,
         'pydantic-ai-steps: error: no store given: pass --store URL (for example --store sqlite:///steps-demo.db)\n',
     )
-    usage = run_cli('export', 'x', '--format', 'csv', '--store', 'x.db')
+    usage = run_cli_inprocess('export', 'x', '--format', 'csv', '--store', 'x.db')
     assert usage.returncode == 2
     assert "invalid choice: 'csv'" in usage.stderr
 
 
 @sqlite_only
 def test_pipe_is_plain_and_a_terminal_is_coloured(populated: PopulatedStore) -> None:
-    piped = run_cli('tree', '--store', populated.url)
+    piped = run_cli_inprocess('tree', '--store', populated.url)
     assert piped.returncode == 0 and ANSI not in piped.stdout
     if sys.platform == 'win32':
         return
@@ -323,7 +340,7 @@ def test_long_reads_show_progress_on_a_terminal_only(populated: PopulatedStore) 
     assert 'reading runs 1/5' in on_tty.stderr or 'reading runs 5/5' in on_tty.stderr
     assert on_tty.stderr.endswith('\r\x1b[2K')  # erased when done
     assert 'reading runs' not in on_tty.stdout
-    piped = run_cli('stats', '--store', populated.url)
+    piped = run_cli_inprocess('stats', '--store', populated.url)
     assert piped.stderr == ''
 
 
