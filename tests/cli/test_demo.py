@@ -1,4 +1,9 @@
-"""`pydantic-ai-steps demo` end to end, then every command it suggests, run as it prints them."""
+"""`pydantic-ai-steps demo` end to end, then every command it suggests, run as it prints them.
+
+The demo's own child process, the one it SIGKILLs, is always real. The newcomer's demo runs once,
+as the README spells it (`python -m pydantic_ai_steps demo`, a real process), and the tests of
+this module share it; other demos and the commands it suggests run in-process through `main`.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,7 @@ import anyio
 import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
 
-from .conftest import open_store, run_cli
-from .populate import populate
+from .conftest import open_store, populate_and_close, run_cli, run_cli_inprocess
 
 KEY = 'issue-42::finding::ThinkingPartDelta'
 ANSI = '\x1b['
@@ -34,13 +38,13 @@ class DemoRun:
         return [shlex.split(match['args']) for line in self.output.splitlines() if (match := COMMAND.match(line))]
 
     def run(self, args: list[str]) -> str:
-        result = run_cli(*args, cwd=self.cwd)
+        result = run_cli_inprocess(*args, cwd=self.cwd)
         assert result.returncode == 0, f'{args}: {result.stderr}'
         return result.stdout
 
 
 def play(cwd: Path, *args: str) -> str:
-    result = run_cli('demo', *args, cwd=cwd, module='pydantic_ai_steps')  # as the README spells it
+    result = run_cli_inprocess('demo', *args, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ''
     return result.stdout
@@ -60,7 +64,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """The README's command (`python3 -m pydantic_ai_steps demo`) as a newcomer runs it: no options,
     in an empty directory."""
     cwd = tmp_path_factory.mktemp('demo')
-    return parse(cwd, play(cwd))
+    result = run_cli('demo', cwd=cwd, module='pydantic_ai_steps')  # as the README spells it
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ''
+    return parse(cwd, result.stdout)
 
 
 def test_the_story_is_told_in_numbered_steps(demo: DemoRun) -> None:
@@ -190,25 +197,25 @@ def test_reset_keep_and_a_file_store(tmp_path: Path) -> None:
     assert f"found '{KEY}' there: a comment with this key was already posted" in flat
     assert 'the tracker already has a comment with key' in flat
     assert len((tmp_path / 'demo-store.outbox.jsonl').read_text().splitlines()) == 1  # still one comment
-    assert len(json.loads(run_cli('runs', '--json', '--store', store).stdout)) == 6
+    assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', store).stdout)) == 6
 
     reset = play(tmp_path, '--store', store)
     assert 'reset: deleted the previous demo store (6 runs); --keep keeps it' in reset
-    assert len(json.loads(run_cli('runs', '--json', '--store', store).stdout)) == 3
+    assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', store).stdout)) == 3
 
 
 def test_the_demo_never_resets_a_store_it_did_not_write(tmp_path: Path) -> None:
     store, url = open_store('sqlite', tmp_path)
-    anyio.run(populate, store)
-    result = run_cli('demo', '--store', url, cwd=tmp_path)
+    anyio.run(populate_and_close, store)
+    result = run_cli_inprocess('demo', '--store', url, cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.startswith(f'pydantic-ai-steps: error: refusing to reset {url}: it holds 5 run(s) the demo')
     assert result.stderr.count('\n') == 1
-    assert len(json.loads(run_cli('runs', '--json', '--store', url).stdout)) == 5
+    assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', url).stdout)) == 5
 
 
 def test_model_without_its_key_is_one_line(tmp_path: Path) -> None:
-    result = run_cli('demo', '--model', 'openai:gpt-5', cwd=tmp_path, OPENAI_API_KEY=None)
+    result = run_cli_inprocess('demo', '--model', 'openai:gpt-5', cwd=tmp_path, OPENAI_API_KEY=None)
     assert result.returncode == 1
     assert result.stderr == (
         'pydantic-ai-steps: error: --model openai:gpt-5 needs OPENAI_API_KEY set; '
