@@ -18,8 +18,9 @@ remembers, per position, the object it saw and references to that object's attri
 (`is`) to last time cannot have changed unless mutated deep inside a value in place, which
 pydantic-ai does not do; anything else is a *candidate*, re-serialized and compared by content.
 Holding references (not `id()`s) keeps the compared objects alive, so an address can never be
-reused by a new value and fool the comparison. Cost per boundary: a pointer comparison per
-message and attribute, plus serializing the candidates only.
+reused by a new value and fool the comparison. Only the newest positions are compared value by
+value (`TAIL`); the settled rest by object identity, in one C-level pass. Cost per boundary:
+that pass, a few pointer comparisons, and serializing the candidates only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import operator
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import pydantic
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
@@ -66,26 +67,32 @@ def _shape(message: ModelMessage) -> list[object]:
 
 
 def _same(left: list[object], right: list[object]) -> bool:
-    """Identity of every value; `map`/`all` keep this loop in C, it runs per message per step."""
+    """Identity of every value; `map`/`all` keep this loop in C."""
     return len(left) == len(right) and all(map(operator.is_, left, right))
 
+
+TAIL = 8
+"""How many of the newest positions of the last write are re-checked value by value.
+
+pydantic-ai stamps a request only while it is the newest one or next to it (the pending
+tool-return request of the last boundary, stamped when it is sent). Older positions are
+compared by object identity alone, in C, so a boundary costs the same however long the
+history is. A history processor that rewrites older messages builds new objects (as
+pydantic-ai's own do) and is seen; one that assigned into an old message's fields in place
+would not be, so don't.
+"""
 
 StoredT = TypeVar('StoredT')
 
 
 @dataclass
-class _Seen(Generic[StoredT]):
-    message: ModelMessage
-    shape: list[object]
-    stored: StoredT
-    """What the store holds for this position: a content digest, or a private copy."""
-
-
-@dataclass
 class RunHistory(Generic[StoredT]):
-    """What one run has written so far: one entry per history position, and the log length."""
+    """What one run has written so far, as parallel lists by history position."""
 
-    positions: list[_Seen[StoredT]] = field(default_factory=list[_Seen[StoredT]])
+    messages: list[ModelMessage] = field(default_factory=list[ModelMessage])
+    shapes: list[list[object] | None] = field(default_factory=list[list[object] | None])
+    stored: list[StoredT] = field(default_factory=list[StoredT])
+    """What the store holds per position: a content digest, or a private copy."""
     log_size: int = 0
 
 
@@ -100,9 +107,9 @@ class HistoryDelta(Generic[StoredT]):
     """`None` when this process has not written the run before (so every position is a candidate)."""
 
     def stored_at(self, position: int) -> StoredT | None:
-        if self.previous is None or position >= len(self.previous.positions):
+        if self.previous is None or position >= len(self.previous.stored):
             return None
-        return self.previous.positions[position].stored
+        return self.previous.stored[position]
 
 
 class HistoryTracker(Generic[StoredT]):
@@ -121,29 +128,40 @@ class HistoryTracker(Generic[StoredT]):
         previous = self._runs.get(run_id)
         if previous is None:
             return HistoryDelta(run_id, current, list(range(len(current))), None)
-        seen = previous.positions
+        seen = previous.messages
+        overlap = min(len(current), len(seen))
+        settled = max(0, len(seen) - TAIL) if overlap == len(seen) else 0
+        if settled and not all(map(operator.is_, seen[:settled], current[:settled])):
+            settled = 0  # the history was rewritten: check every position
         candidates: list[int] = []
-        for position, message in enumerate(current):
-            if position < len(seen):
-                entry = seen[position]
-                if entry.message is message and _same(entry.shape, _shape(message)):
+        for position in range(settled, len(current)):
+            if position < overlap:
+                message = current[position]
+                shape = previous.shapes[position]
+                if seen[position] is message and shape is not None and _same(shape, _shape(message)):
                     continue
             candidates.append(position)
         return HistoryDelta(run_id, current, candidates, previous)
 
-    def commit(self, delta: HistoryDelta[StoredT], stored: dict[int, StoredT], log_size: int) -> None:
-        """Record a successful write: `stored` maps every candidate position to what is now stored."""
-        previous = delta.previous.positions if delta.previous is not None else []
-        positions: list[_Seen[StoredT]] = []
-        for position, message in enumerate(delta.messages):
-            if position in stored:
-                positions.append(_Seen(message, _shape(message), stored[position]))
-            else:
-                positions.append(previous[position])
-        self._runs[delta.run_id] = RunHistory(positions, log_size)
+    def commit(self, delta: HistoryDelta[StoredT], stored: dict[int, StoredT], log_size: int) -> list[StoredT]:
+        """Record a successful write: `stored` maps every candidate position to what is now stored.
+
+        Returns what is stored for every position of the history (shared with the tracker: read only).
+        """
+        count = len(delta.messages)
+        previous = delta.previous if delta.previous is not None else RunHistory[StoredT]()
+        kept = min(count, len(previous.stored))
+        shapes: list[list[object] | None] = previous.shapes[:kept] + [None] * (count - kept)
+        values: list[StoredT | None] = [*previous.stored[:kept], *([None] * (count - kept))]
+        for position, value in stored.items():
+            shapes[position] = _shape(delta.messages[position])
+            values[position] = value
+        run = RunHistory(delta.messages, shapes, cast(list[StoredT], values), log_size)
+        self._runs[delta.run_id] = run
         self._runs.move_to_end(delta.run_id)
         while len(self._runs) > self._max_runs:
             self._runs.popitem(last=False)
+        return run.stored
 
     def forget(self, run_id: str) -> None:
         """Drop what is known about a run, e.g. after a failed write whose outcome is unknown."""

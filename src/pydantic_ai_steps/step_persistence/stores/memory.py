@@ -82,12 +82,11 @@ class InMemoryStepStore:
             message = delta.messages[position]
             stored = delta.stored_at(position)
             copies[position] = stored if stored is not None and stored == message else copy.deepcopy(message)
-        self._history.commit(delta, copies, 0)
-        private = [copies[i] if i in copies else delta.stored_at(i) for i in range(len(delta.messages))]
+        private = self._history.commit(delta, copies, 0)
         seq = self._snapshot_seq.get(run_id, 0) + 1
         self._snapshot_seq[run_id] = seq
         saved = copy.copy(snapshot)
-        saved.messages = [message for message in private if message is not None]
+        saved.messages = list(private)
         entries = self._snapshots.setdefault(run_id, [])
         entries.append((seq, saved))
         keep = snapshots_to_keep(((s, snap.state) for s, snap in entries), self.max_snapshots_per_run)
