@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 
+from pydantic_ai_steps.step_persistence import is_provider_valid
+from pydantic_ai_steps.step_persistence._helpers import ProviderValidity
 from pydantic_ai_steps.step_persistence._history import TAIL, HistoryTracker
 
 
@@ -61,3 +73,27 @@ def test_forgotten_runs_start_over() -> None:
     assert commit_all(tracker, 'a', messages) == []
     commit_all(tracker, 'b', history(4))
     assert commit_all(tracker, 'a', messages) == [0, 1, 2, 3]
+
+
+@given(
+    events=st.lists(
+        st.tuples(st.sampled_from(['call', 'return', 'text', 'rewrite']), st.sampled_from(['a', 'b', 'c', 'd'])),
+        max_size=60,
+    )
+)
+def test_incremental_validity_agrees_with_the_full_check(events: list[tuple[str, str]]) -> None:
+    checker = ProviderValidity()
+    messages: list[ModelMessage] = []
+    for index, (kind, call_id) in enumerate(events):
+        if kind == 'call':
+            messages = [*messages, ModelResponse(parts=[ToolCallPart('t', {}, tool_call_id=f'{call_id}{index // 8}')])]
+        elif kind == 'return':
+            messages = [
+                *messages,
+                ModelRequest(parts=[ToolReturnPart('t', 'ok', tool_call_id=f'{call_id}{index // 8}')]),
+            ]
+        elif kind == 'text':
+            messages = [*messages, ModelResponse(parts=[TextPart('hi')])]
+        else:
+            messages = messages[len(messages) // 2 :]
+        assert checker.check(messages) == is_provider_valid(messages)

@@ -21,7 +21,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from . import _context
 from ._errors import RunAlreadyExistsError
 from ._events import SnapshotSaved
-from ._helpers import is_provider_valid
+from ._helpers import ProviderValidity
 from ._protocol import StepStore
 from ._records import ContinuableSnapshot, EventKind, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, utc_now
 from .stores.memory import InMemoryStepStore
@@ -72,6 +72,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     _event_sequence: int = field(default=0, init=False, repr=False)
     _snapshot_sequence: int = field(default=0, init=False, repr=False)
     _last_saved: list[ModelMessage] | None = field(default=None, init=False, repr=False)
+    _validity: ProviderValidity = field(default_factory=ProviderValidity, init=False, repr=False)
     _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
     _last_request_step: int | None = field(default=None, init=False, repr=False)
     _output_tool_names: frozenset[str] = field(default=frozenset[str](), init=False, repr=False)
@@ -281,8 +282,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             event_index=index,
         )
 
-    async def _snapshot(self, ctx: RunContext[AgentDepsT], messages: list[ModelMessage], step_index: int) -> None:
-        state: SnapshotState = 'complete' if is_provider_valid(messages) else 'interrupted'
+    async def _snapshot(
+        self, ctx: RunContext[AgentDepsT], messages: list[ModelMessage], step_index: int, *, valid: bool | None = None
+    ) -> None:
+        if valid is None:
+            valid = self._validity.check(messages)
+        state: SnapshotState = 'complete' if valid else 'interrupted'
         index = self._snapshot_sequence
         self._snapshot_sequence += 1
         await self._save_snapshot(
@@ -368,9 +373,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         request, as `Agent.run` would have saved them.
         """
         messages = _with_output_tool_returns(result.all_messages(), self._output_tool_names)
-        if is_provider_valid(messages) and not self._unchanged_since_last_save(messages):
+        if not self._unchanged_since_last_save(messages) and self._validity.check(messages):
             step = self._last_request_step if self._last_request_step is not None else ctx.run_step
-            await self._snapshot(ctx, messages, step)
+            await self._snapshot(ctx, messages, step, valid=True)
         await self._record(ctx, 'run_completed')
         return result
 
@@ -464,8 +469,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             messages = list(ctx.messages)
             if isinstance(result, ModelRequestNode):
                 messages.append(result.request)
-            if is_provider_valid(messages):
-                await self._snapshot(ctx, messages, ctx.run_step)
+            if self._validity.check(messages):
+                await self._snapshot(ctx, messages, ctx.run_step, valid=True)
         return result
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic_ai.messages import (
@@ -15,6 +16,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.tools import RunContext
 
 from . import _context
+from ._history import TAIL
 from ._protocol import StepStore
 from ._records import ToolEffectRecord
 
@@ -26,7 +28,12 @@ def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
     that decides a snapshot's state (`complete` when valid, `interrupted` otherwise). A legacy
     `RetryPromptPart` naming a tool answers that tool's call, as it did in older histories.
     """
-    open_calls: set[str] = set()
+    open_calls = _open_calls_after(messages, set())
+    return open_calls is not None and not open_calls
+
+
+def _open_calls_after(messages: Iterable[ModelMessage], open_calls: set[str]) -> set[str] | None:
+    """The calls still open after `messages`, starting from `open_calls`; `None` on an orphan return."""
     for message in messages:
         if isinstance(message, ModelResponse):
             for part in message.parts:
@@ -38,9 +45,36 @@ def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
             if answered is None:
                 continue
             if answered not in open_calls:
-                return False
+                return None
             open_calls.discard(answered)
-    return not open_calls
+    return open_calls
+
+
+class ProviderValidity:
+    """`is_provider_valid` for one run's growing history, paying only for what is new.
+
+    It remembers the open calls after a settled prefix (all but the newest `TAIL` messages) and
+    resumes from there when the next history starts with the same message objects.
+    """
+
+    def __init__(self) -> None:
+        self._prefix: list[ModelMessage] = []
+        self._open_after_prefix: set[str] = set()
+
+    def check(self, messages: Sequence[ModelMessage]) -> bool:
+        known = len(self._prefix)
+        if known and len(messages) >= known and all(map(operator.is_, self._prefix, messages[:known])):
+            start, open_calls = known, set(self._open_after_prefix)
+        else:
+            start, open_calls = 0, set[str]()
+        checkpoint = max(start, len(messages) - TAIL)
+        settled = _open_calls_after(messages[start:checkpoint], open_calls)
+        if settled is None:
+            return False
+        self._prefix = list(messages[:checkpoint])
+        self._open_after_prefix = set(settled)
+        remaining = _open_calls_after(messages[checkpoint:], settled)
+        return remaining is not None and not remaining
 
 
 def _answered_call(part: object) -> str | None:
