@@ -358,7 +358,8 @@ def test_broken_pipe_is_quiet(populated: PopulatedStore) -> None:
     reader.stdin.close()
     _, errors = writer.communicate(timeout=120)
     assert reader.stdout is not None
-    first = reader.stdout.read()
+    with reader.stdout:
+        first = reader.stdout.read()
     reader.wait(timeout=120)
     assert json.loads(first)['type'] == 'run'
     assert writer.returncode in (0, 141)
