@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 from pydantic_ai.messages import BinaryContent, ModelMessage
@@ -22,9 +24,25 @@ from ..media._protocol import MediaStore
 from ..media._uri import parse_media_uri
 from ..media._walker import externalize_tree, has_markers, might_need_externalizing, restore_media
 from ._history import HistoryDelta, HistoryTracker, content_digest, message_to_json, messages_from_json
-from ._records import ContinuableSnapshot
+from ._records import ContinuableSnapshot, SnapshotState
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
+logger = logging.getLogger('pydantic_ai_steps')
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    """A stored snapshot's fields, apart from its messages."""
+
+    step_index: int
+    conversation_id: str | None
+    parent_run_id: str | None
+    agent_name: str | None
+    timestamp: datetime
+    state: SnapshotState
+    idempotency_key: str | None
+
+
 _PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
 
 
@@ -72,6 +90,30 @@ class MessageLog:
     def forget(self, run_id: str) -> None:
         """A write failed or was suppressed: the next save of the run rewrites from scratch."""
         self._tracker.forget(run_id)
+
+    async def snapshot(
+        self, run_id: str, meta: SnapshotMeta, texts: list[str], where: str
+    ) -> ContinuableSnapshot | None:
+        """The snapshot stored as `meta` + `texts`, or `None` (with a warning naming `where`) if unreadable.
+
+        Readers skip a damaged snapshot rather than raise, and fall back to an older one.
+        """
+        try:
+            messages = await self.load(texts)
+        except Exception:
+            logger.warning('skipping unreadable %s of run %r', where, run_id, exc_info=True)
+            return None
+        return ContinuableSnapshot(
+            run_id=run_id,
+            step_index=meta.step_index,
+            messages=messages,
+            conversation_id=meta.conversation_id,
+            parent_run_id=meta.parent_run_id,
+            agent_name=meta.agent_name,
+            timestamp=meta.timestamp,
+            state=meta.state,
+            idempotency_key=meta.idempotency_key,
+        )
 
     async def load(self, texts: list[str]) -> list[ModelMessage]:
         """Rebuild messages from stored texts, putting externalized payloads back."""

@@ -30,6 +30,7 @@ from typing import TypeVar
 
 import anyio.to_thread
 
+from ..._sqlite import require_cross_thread_use
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._protocol import PublicUrlResolver, decode_metadata, encode_metadata, resolve_public_url
 from .._uri import parse_media_uri, uri_for_digest
@@ -66,7 +67,7 @@ class SqliteMediaStore:
         if not isinstance(table, str) or not _TABLE_NAME.fullmatch(table):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(f'invalid table name: {table!r}; expected [A-Za-z_][A-Za-z0-9_]*')
         if connection is not None:
-            _require_cross_thread_use(connection)
+            require_cross_thread_use(connection, 'SqliteMediaStore')
         self._database = None if database is None else os.fspath(database)
         self._connection = connection
         self._owns_connection = connection is None
@@ -188,29 +189,3 @@ class SqliteMediaStore:
                 conn.execute(f'ALTER TABLE "{self._table}" ADD COLUMN {column} TEXT')
         if not in_transaction:
             self._schema_ready = True
-
-
-def _require_cross_thread_use(connection: sqlite3.Connection) -> None:
-    """Fail fast, with the reason, on a connection that only its creating thread may use."""
-    failures: list[sqlite3.ProgrammingError] = []
-
-    def probe() -> None:
-        try:
-            connection.cursor().close()
-        except sqlite3.ProgrammingError as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=probe, name='pydantic-ai-steps-sqlite-probe', daemon=True)
-    thread.start()
-    thread.join()
-    if not failures:
-        return
-    error = failures[0]
-    if 'thread' in str(error):
-        raise ValueError(
-            'SqliteMediaStore(connection=...) needs a connection opened with '
-            'sqlite3.connect(..., check_same_thread=False): every store call runs on a worker thread '
-            '(anyio.to_thread) so the event loop never blocks on disk I/O, and this connection may only be '
-            'used by the thread that created it'
-        ) from error
-    raise error

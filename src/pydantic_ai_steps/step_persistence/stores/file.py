@@ -54,7 +54,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -73,7 +72,7 @@ from .._codec import (
 )
 from .._errors import RunAlreadyExistsError, check_file_safe_run_id, check_max_snapshots, check_threshold
 from .._history import LogEntry, resolve_history
-from .._message_log import MessageLog, PreparedSnapshot
+from .._message_log import MessageLog, PreparedSnapshot, SnapshotMeta
 from .._records import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
 from .._retention import snapshots_to_keep
 from ._offload import run_blocking
@@ -480,24 +479,7 @@ class FileStepStore:
         return result
 
     async def _load(self, run_id: str, found: _FoundSnapshot) -> ContinuableSnapshot | None:
-        """Turn stored texts into messages (restoring media); `None`, with a warning, if that fails."""
-        try:
-            messages = await self._log.load(found.texts)
-        except Exception:
-            logger.warning('skipping unreadable snapshot %s of run %r', found.seq, run_id, exc_info=True)
-            return None
-        meta = found.meta
-        return ContinuableSnapshot(
-            run_id=run_id,
-            step_index=meta.step_index,
-            messages=messages,
-            conversation_id=meta.conversation_id,
-            parent_run_id=meta.parent_run_id,
-            agent_name=meta.agent_name,
-            timestamp=meta.timestamp,
-            state=meta.state,
-            idempotency_key=meta.idempotency_key,
-        )
+        return await self._log.snapshot(run_id, found.meta, found.texts, f'snapshot {found.seq}')
 
 
 # === per-run cache ============================================================================
@@ -865,20 +847,9 @@ class _Index:
 
 
 @dataclass
-class _SnapshotMeta:
-    step_index: int
-    conversation_id: str | None
-    parent_run_id: str | None
-    agent_name: str | None
-    timestamp: datetime
-    state: SnapshotState
-    idempotency_key: str | None
-
-
-@dataclass
 class _FoundSnapshot:
     seq: int
-    meta: _SnapshotMeta
+    meta: SnapshotMeta
     texts: list[str]
     log_ref: tuple[int, int] | None
     """`(message_count, log_size)` still to resolve against the log; `None` for inline history."""
@@ -912,7 +883,7 @@ def _read_snapshot_file(run_dir: Path, seq: int, include_interrupted: bool) -> _
     try:
         data = _object(raw)
         what = 'snapshot'
-        meta = _SnapshotMeta(
+        meta = SnapshotMeta(
             step_index=required_int(data, 'step_index', what),
             conversation_id=optional_str(data, 'conversation_id', what),
             parent_run_id=optional_str(data, 'parent_run_id', what),

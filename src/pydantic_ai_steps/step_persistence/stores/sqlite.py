@@ -30,11 +30,11 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
+from ..._sqlite import require_cross_thread_use
 from ...media._protocol import MediaStore
 from .._codec import (
     event_from_dict,
@@ -48,7 +48,7 @@ from .._codec import (
 )
 from .._errors import RunAlreadyExistsError, check_max_snapshots, check_threshold
 from .._history import LogEntry, resolve_history
-from .._message_log import MessageLog, PreparedSnapshot
+from .._message_log import MessageLog, PreparedSnapshot, SnapshotMeta
 from .._records import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
 from .._retention import snapshots_to_keep
 from ._offload import run_blocking
@@ -207,7 +207,7 @@ class SqliteStepStore:
                 f'connection= (an open sqlite3.Connection); got database={database!r}, connection={connection!r}'
             )
         if connection is not None:
-            _require_cross_thread_use(connection)
+            require_cross_thread_use(connection, 'SqliteStepStore')
         self.max_snapshots_per_run = check_max_snapshots(max_snapshots_per_run)
         threshold = check_threshold(media_threshold_bytes)
         self._database = os.fspath(database) if database is not None else None
@@ -591,23 +591,7 @@ class SqliteStepStore:
         return _legacy_texts(conn, run_id, found)
 
     async def _load(self, run_id: str, found: _FoundSnapshot) -> ContinuableSnapshot | None:
-        try:
-            messages = await self._log.load(found.texts)
-        except Exception:
-            logger.warning('skipping unreadable snapshot row %s of run %r', found.seq, run_id, exc_info=True)
-            return None
-        meta = found.meta
-        return ContinuableSnapshot(
-            run_id=run_id,
-            step_index=meta.step_index,
-            messages=messages,
-            conversation_id=meta.conversation_id,
-            parent_run_id=meta.parent_run_id,
-            agent_name=meta.agent_name,
-            timestamp=meta.timestamp,
-            state=meta.state,
-            idempotency_key=meta.idempotency_key,
-        )
+        return await self._log.snapshot(run_id, found.meta, found.texts, f'snapshot row {found.seq}')
 
     # --- connection plumbing ----------------------------------------------------------------
 
@@ -736,20 +720,9 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_to_1
 
 
 @dataclass
-class _SnapshotMeta:
-    step_index: int
-    conversation_id: str | None
-    parent_run_id: str | None
-    agent_name: str | None
-    timestamp: datetime
-    state: SnapshotState
-    idempotency_key: str | None
-
-
-@dataclass
 class _FoundSnapshot:
     seq: int
-    meta: _SnapshotMeta
+    meta: SnapshotMeta
     log_ref: tuple[int, int] | None
     """`(message_count, log_size)`; `None` for a row of an older layout (see `legacy`)."""
     legacy: str | None
@@ -760,7 +733,7 @@ def _decode_snapshot_row(row: tuple[Any, ...], run_id: str) -> _FoundSnapshot | 
     data = dict(zip(_SNAPSHOT_COLUMNS, row, strict=True))
     what = 'snapshot row'
     try:
-        meta = _SnapshotMeta(
+        meta = SnapshotMeta(
             step_index=required_int(data, 'step_index', what),
             conversation_id=optional_str(data, 'conversation_id', what),
             parent_run_id=optional_str(data, 'parent_run_id', what),
@@ -855,27 +828,3 @@ def _database_file(connection: sqlite3.Connection | None) -> str | None:
 
 def _compact(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(',', ':'))
-
-
-def _require_cross_thread_use(connection: sqlite3.Connection) -> None:
-    """Fail at construction, with the reason, on a connection only its creating thread may use."""
-    failures: list[sqlite3.ProgrammingError] = []
-
-    def probe() -> None:
-        try:
-            connection.cursor().close()
-        except sqlite3.ProgrammingError as error:
-            failures.append(error)
-
-    thread = threading.Thread(target=probe, name='pydantic-ai-steps-sqlite-probe', daemon=True)
-    thread.start()
-    thread.join()
-    if failures and 'thread' in str(failures[0]):
-        raise ValueError(
-            'SqliteStepStore(connection=...) needs a connection opened with '
-            'sqlite3.connect(..., check_same_thread=False): the store runs every call on a worker thread '
-            '(anyio.to_thread) so the event loop never blocks on disk I/O, and this connection may only be '
-            'used by the thread that created it'
-        ) from failures[0]
-    if failures:
-        raise ValueError(f'SqliteStepStore(connection=...) cannot use this connection: {failures[0]}') from failures[0]
