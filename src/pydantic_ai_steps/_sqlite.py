@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
 
 def require_cross_thread_use(connection: sqlite3.Connection, owner: str) -> None:
@@ -34,3 +35,24 @@ def require_cross_thread_use(connection: sqlite3.Connection, owner: str) -> None
             'connection may only be used by the thread that created it'
         ) from error
     raise ValueError(f'{owner}(connection=...) cannot use this connection: {error}') from error
+
+
+def enable_wal(connection: sqlite3.Connection, *, timeout: float = 30.0) -> None:
+    """Put the database in WAL mode, waiting out other processes that are opening it too.
+
+    Switching the journal mode needs the database to itself, and SQLite answers `database is
+    locked` at once, without its busy handler, when another connection holds it (two processes
+    creating one store together do exactly that). A database already in WAL mode needs nothing.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            if connection.execute('PRAGMA journal_mode').fetchone()[0] != 'wal':
+                connection.execute('PRAGMA journal_mode=WAL')
+            return
+        except sqlite3.OperationalError as error:
+            if ('locked' not in str(error) and 'busy' not in str(error)) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)

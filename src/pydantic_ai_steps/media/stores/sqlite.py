@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import anyio.to_thread
 
-from ..._sqlite import require_cross_thread_use
+from ..._sqlite import enable_wal, require_cross_thread_use
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._protocol import PublicUrlResolver, decode_metadata, encode_metadata, resolve_public_url
 from .._uri import parse_media_uri, uri_for_digest
@@ -168,7 +168,7 @@ class SqliteMediaStore:
             if self._database != _MEMORY:
                 Path(self._database).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self._database, isolation_level=None, check_same_thread=False, timeout=30)
-            conn.execute('PRAGMA journal_mode=WAL')
+            enable_wal(conn)
             self._connection = conn
         if not self._schema_ready:
             self._ensure_schema(conn)

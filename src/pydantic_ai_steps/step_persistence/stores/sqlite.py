@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
-from ..._sqlite import require_cross_thread_use
+from ..._sqlite import enable_wal, require_cross_thread_use
 from ...media._protocol import MediaStore
 from .._codec import (
     event_from_dict,
@@ -610,14 +610,14 @@ class SqliteStepStore:
             if self._database != _MEMORY and not self._database.startswith('file:'):
                 Path(self._database).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self._database, isolation_level=None, check_same_thread=False, timeout=30.0)
-            conn.execute('PRAGMA journal_mode=WAL')
+            enable_wal(conn)
             conn.execute(f'PRAGMA synchronous={"FULL" if self.durable else "NORMAL"}')
             self._connection = conn
         if not self._schema_ready:
             if not self._owns_connection and not conn.in_transaction:
                 # A shared connection gets WAL too (a property of the database file, so it sticks);
                 # its synchronous level is the caller's, unless this store was asked to be durable.
-                conn.execute('PRAGMA journal_mode=WAL')
+                enable_wal(conn)
                 if self.durable:
                     conn.execute('PRAGMA synchronous=FULL')
             self._migrate(conn)
