@@ -356,7 +356,8 @@ class StepStoreConformance:
     @pytest.mark.anyio
     async def test_reopened_store_sees_everything(self, make_store: StoreFactory) -> None:
         if not self.persistent:
-            pytest.skip('store is not persistent')
+            await self._separate_stores_share_nothing(make_store)
+            return
         first = make_store()
         run_id = new_run_id()
         await first.register_run(RunRecord(run_id=run_id, conversation_id='conv', started_at=T0))
@@ -377,6 +378,16 @@ class StepStoreConformance:
         await second.save_snapshot(snapshot(run_id, [*tool_cycle(), *tool_cycle('c2')], step_index=2))
         latest = await first.latest_snapshot(run_id=run_id)
         assert latest is not None and dump(latest.messages) == dump([*tool_cycle(), *tool_cycle('c2')])
+
+    async def _separate_stores_share_nothing(self, make_store: StoreFactory) -> None:
+        """A store that does not persist keeps its records to itself."""
+        first, second = make_store(), make_store()
+        run_id = new_run_id()
+        await first.register_run(RunRecord(run_id=run_id, started_at=T0))
+        await first.save_snapshot(snapshot(run_id, tool_cycle()))
+        assert await second.get_run(run_id=run_id) is None
+        assert await second.latest_snapshot(run_id=run_id) is None
+        await second.register_run(RunRecord(run_id=run_id, started_at=T0))
 
     # --- property: any history round-trips exactly -------------------------------------------
 
