@@ -275,7 +275,7 @@ async def test_damaged_snapshot_rows_fall_back_to_the_newest_readable(
         snapshots = await reader.list_snapshots(run_id='r', include_interrupted=True)
     assert latest is not None and latest.step_index == 1 and dump(latest.messages) == dump(history(1))
     assert [s.step_index for s in snapshots] == [1]
-    assert 'skipping unreadable snapshot row' in caplog.text
+    assert 'skipping unreadable snapshot' in caplog.text
     reader.close()
 
 

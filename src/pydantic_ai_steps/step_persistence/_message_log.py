@@ -12,10 +12,10 @@ import base64
 import copy
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Literal, Protocol, cast
 
 from pydantic_ai.messages import BinaryContent, ModelMessage
 
@@ -44,6 +44,27 @@ class SnapshotMeta:
 
 
 _PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
+
+
+STALE: Literal['stale'] = 'stale'
+"""A write outcome: another writer extended the run's log since this process last wrote it."""
+SUPPRESSED: Literal['suppressed'] = 'suppressed'
+"""A write outcome: the snapshot's idempotency key was applied before; nothing was written."""
+WriteOutcome = int | Literal['stale', 'suppressed']
+"""What a store's write of a `PreparedSnapshot` did: the log size it left, or why it wrote nothing."""
+
+
+class StoredSnapshot(Protocol):
+    """A snapshot as a store found it: its seq, its fields and its messages' stored texts."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def meta(self) -> SnapshotMeta: ...
+
+    @property
+    def texts(self) -> list[str]: ...
 
 
 @dataclass
@@ -90,6 +111,47 @@ class MessageLog:
     def forget(self, run_id: str) -> None:
         """A write failed or was suppressed: the next save of the run rewrites from scratch."""
         self._tracker.forget(run_id)
+
+    async def save(
+        self, snapshot: ContinuableSnapshot, write: Callable[[PreparedSnapshot], Awaitable[WriteOutcome]]
+    ) -> None:
+        """Prepare `snapshot`, have the store `write` it, and remember what was written.
+
+        A `STALE` outcome means the tracker no longer describes the stored log (another writer
+        extended it), so the history is written again in full.
+        """
+        prepared = await self.prepare(snapshot)
+        outcome = await write(prepared)
+        if outcome == STALE:
+            self.forget(snapshot.run_id)
+            prepared = await self.prepare(snapshot)
+            outcome = await write(prepared)
+        if isinstance(outcome, int):
+            self.committed(prepared, outcome)
+
+    async def newest_readable(
+        self, run_id: str, find: Callable[[int | None], Awaitable[StoredSnapshot | None]]
+    ) -> ContinuableSnapshot | None:
+        """The newest snapshot that reads, falling back past damaged ones (SPEC 3.6).
+
+        `find(below)` returns the newest stored snapshot with a seq below `below` (any when `None`).
+        """
+        below: int | None = None
+        while (found := await find(below)) is not None:
+            loaded = await self.snapshot(run_id, found.meta, found.texts, f'snapshot {found.seq}')
+            if loaded is not None:
+                return loaded
+            below = found.seq
+        return None
+
+    async def all_readable(self, run_id: str, found: Iterable[StoredSnapshot]) -> list[ContinuableSnapshot]:
+        """Every snapshot that reads, in the order given; damaged ones skipped with a warning."""
+        snapshots: list[ContinuableSnapshot] = []
+        for item in found:
+            loaded = await self.snapshot(run_id, item.meta, item.texts, f'snapshot {item.seq}')
+            if loaded is not None:
+                snapshots.append(loaded)
+        return snapshots
 
     async def snapshot(
         self, run_id: str, meta: SnapshotMeta, texts: list[str], where: str

@@ -72,7 +72,7 @@ from .._codec import (
 )
 from .._errors import RunAlreadyExistsError, check_file_safe_run_id, check_max_snapshots, check_threshold
 from .._history import LogEntry, resolve_history
-from .._message_log import MessageLog, PreparedSnapshot, SnapshotMeta
+from .._message_log import STALE, SUPPRESSED, MessageLog, PreparedSnapshot, SnapshotMeta, WriteOutcome
 from .._records import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
 from .._retention import snapshots_to_keep
 from ._offload import run_blocking
@@ -105,8 +105,6 @@ SNAPSHOTS_DIR = 'snapshots'
 _MAX_CACHED_RUNS = 256
 _SEQ_STEM = re.compile(r'[0-9]{1,18}')
 _LOG_PREFIX = re.compile(rb'\{"i":([0-9]+),"p":([0-9]+),"m":')
-_STALE: Literal['stale'] = 'stale'
-_SUPPRESSED: Literal['suppressed'] = 'suppressed'
 
 
 class FileStepStore:
@@ -203,40 +201,21 @@ class FileStepStore:
     # --- snapshots --------------------------------------------------------------------------
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        run_id = check_file_safe_run_id(snapshot.run_id)
-        prepared = await self._log.prepare(snapshot)
-        outcome = await self._write_prepared(prepared)
-        if outcome == _STALE:
-            # Another writer extended this run's log since this process last wrote it, so what the
-            # tracker believes is stored no longer describes the log: write the history in full.
-            self._log.forget(run_id)
-            prepared = await self._log.prepare(snapshot)
-            outcome = await self._write_prepared(prepared)
-        if isinstance(outcome, int):
-            self._log.committed(prepared, outcome)
+        check_file_safe_run_id(snapshot.run_id)
+        await self._log.save(snapshot, self._write_prepared)
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         check_file_safe_run_id(run_id)
-        below: int | None = None
-        while True:
-            found = await run_blocking(self._read_newest_snapshot, run_id, include_interrupted, below)
-            if found is None:
-                return None
-            loaded = await self._load(run_id, found)
-            if loaded is not None:
-                return loaded
-            below = found.seq
+        return await self._log.newest_readable(
+            run_id, lambda below: run_blocking(self._read_newest_snapshot, run_id, include_interrupted, below)
+        )
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """Every retained snapshot of the run, oldest first; `interrupted` ones only if asked."""
         check_file_safe_run_id(run_id)
-        found = await run_blocking(self._read_all_snapshots, run_id, include_interrupted)
-        snapshots: list[ContinuableSnapshot] = []
-        for item in found:
-            loaded = await self._load(run_id, item)
-            if loaded is not None:
-                snapshots.append(loaded)
-        return snapshots
+        return await self._log.all_readable(
+            run_id, await run_blocking(self._read_all_snapshots, run_id, include_interrupted)
+        )
 
     # --- tool effects -----------------------------------------------------------------------
 
@@ -346,7 +325,7 @@ class FileStepStore:
 
     # --- snapshot writes --------------------------------------------------------------------
 
-    async def _write_prepared(self, prepared: PreparedSnapshot) -> int | Literal['stale', 'suppressed']:
+    async def _write_prepared(self, prepared: PreparedSnapshot) -> WriteOutcome:
         try:
             return await run_blocking(self._write_snapshot, prepared)
         except BaseException as error:
@@ -357,7 +336,7 @@ class FileStepStore:
                 self._drop_state(prepared.snapshot.run_id)
             raise
 
-    def _write_snapshot(self, prepared: PreparedSnapshot) -> int | Literal['stale', 'suppressed']:
+    def _write_snapshot(self, prepared: PreparedSnapshot) -> WriteOutcome:
         """Append the new message versions, write the snapshot file, ledger it, prune.
 
         Runs under the run's `flock` (taken on `messages.jsonl`), so writers of one run in any
@@ -378,10 +357,10 @@ class FileStepStore:
             self._sync_ledger(state)
             key = snapshot.idempotency_key
             if key is not None and key in state.snapshot_keys:
-                return _SUPPRESSED
+                return SUPPRESSED
             state.log_tail.sync_fd(log.fd, paths.messages, state.add_log_lines, torn=state.add_torn_log_line)
             if prepared.known_log_size is not None and prepared.known_log_size != state.next_log_index:
-                return _STALE
+                return STALE
             if prepared.appends:
                 base = state.next_log_index
                 payload = b''.join(
@@ -391,7 +370,7 @@ class FileStepStore:
                 if state.log_tail.follows(log):
                     state.next_log_index = base + len(prepared.appends)
                 else:  # pragma: no cover - only without flock (Windows) could another writer slip in
-                    return _STALE
+                    return STALE
             log_size = state.next_log_index
             seq = state.max_seq + 1
             body = _snapshot_body(snapshot, prepared.message_count, log_size)
@@ -477,9 +456,6 @@ class FileStepStore:
                     continue
             result.append(found)
         return result
-
-    async def _load(self, run_id: str, found: _FoundSnapshot) -> ContinuableSnapshot | None:
-        return await self._log.snapshot(run_id, found.meta, found.texts, f'snapshot {found.seq}')
 
 
 # === per-run cache ============================================================================

@@ -48,7 +48,7 @@ from .._codec import (
 )
 from .._errors import RunAlreadyExistsError, check_max_snapshots, check_threshold
 from .._history import LogEntry, resolve_history
-from .._message_log import MessageLog, PreparedSnapshot, SnapshotMeta
+from .._message_log import STALE, SUPPRESSED, MessageLog, PreparedSnapshot, SnapshotMeta, WriteOutcome
 from .._records import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
 from .._retention import snapshots_to_keep
 from ._offload import run_blocking
@@ -62,8 +62,6 @@ SCHEMA_VERSION = 1
 
 _MEMORY = ':memory:'
 _SAVEPOINT = 'pydantic_ai_steps_store'
-_STALE: Literal['stale'] = 'stale'
-_SUPPRESSED: Literal['suppressed'] = 'suppressed'
 _DELETE_CHUNK = 500
 _R = TypeVar('_R')
 
@@ -298,39 +296,21 @@ class SqliteStepStore:
     # --- snapshots --------------------------------------------------------------------------
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        prepared = await self._log.prepare(snapshot)
-        outcome = await self._write_prepared(prepared)
-        if outcome == _STALE:
-            # Another writer extended this run's log since this process last wrote it: the
-            # tracker no longer describes what is stored, so write the history in full.
-            self._log.forget(snapshot.run_id)
-            prepared = await self._log.prepare(snapshot)
-            outcome = await self._write_prepared(prepared)
-        if isinstance(outcome, int):
-            self._log.committed(prepared, outcome)
+        await self._log.save(snapshot, self._write_prepared)
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
-        below: int | None = None
-        while True:
-            found = await self._run(
+        return await self._log.newest_readable(
+            run_id,
+            lambda below: self._run(
                 partial(self._read_newest, run_id=run_id, interrupted=include_interrupted, below=below)
-            )
-            if found is None:
-                return None
-            loaded = await self._load(run_id, found)
-            if loaded is not None:
-                return loaded
-            below = found.seq
+            ),
+        )
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """Every retained snapshot of the run, oldest first; `interrupted` ones only if asked."""
-        found = await self._run(lambda conn: self._read_all(conn, run_id, include_interrupted))
-        snapshots: list[ContinuableSnapshot] = []
-        for item in found:
-            loaded = await self._load(run_id, item)
-            if loaded is not None:
-                snapshots.append(loaded)
-        return snapshots
+        return await self._log.all_readable(
+            run_id, await self._run(lambda conn: self._read_all(conn, run_id, include_interrupted))
+        )
 
     # --- tool effects -----------------------------------------------------------------------
 
@@ -445,7 +425,7 @@ class SqliteStepStore:
 
     # --- snapshot writes --------------------------------------------------------------------
 
-    async def _write_prepared(self, prepared: PreparedSnapshot) -> int | Literal['stale', 'suppressed']:
+    async def _write_prepared(self, prepared: PreparedSnapshot) -> WriteOutcome:
         try:
             return await self._run(lambda conn: self._write_snapshot(conn, prepared))
         except BaseException:
@@ -453,14 +433,12 @@ class SqliteStepStore:
             self._log.forget(prepared.snapshot.run_id)
             raise
 
-    def _write_snapshot(
-        self, conn: sqlite3.Connection, prepared: PreparedSnapshot
-    ) -> int | Literal['stale', 'suppressed']:
+    def _write_snapshot(self, conn: sqlite3.Connection, prepared: PreparedSnapshot) -> WriteOutcome:
         """One transaction: key check, message appends, snapshot row, retention."""
         try:
             return self._write_snapshot_rows(conn, prepared)
         except _Stale:
-            return _STALE
+            return STALE
 
     def _write_snapshot_rows(self, conn: sqlite3.Connection, prepared: PreparedSnapshot) -> int | Literal['suppressed']:
         snapshot = prepared.snapshot
@@ -472,7 +450,7 @@ class SqliteStepStore:
                     (run_id, key),
                 )
                 if claimed.rowcount == 0:
-                    return _SUPPRESSED
+                    return SUPPRESSED
             (end,) = conn.execute(
                 'SELECT COALESCE(MAX(log_index) + 1, 0) FROM messages WHERE run_id = ?', (run_id,)
             ).fetchone()
@@ -589,9 +567,6 @@ class SqliteStepStore:
                 logger.warning('skipping snapshot row %s of run %r: messages missing from the log', found.seq, run_id)
             return texts
         return _legacy_texts(conn, run_id, found)
-
-    async def _load(self, run_id: str, found: _FoundSnapshot) -> ContinuableSnapshot | None:
-        return await self._log.snapshot(run_id, found.meta, found.texts, f'snapshot row {found.seq}')
 
     # --- connection plumbing ----------------------------------------------------------------
 
