@@ -11,24 +11,17 @@ import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
 from pydantic_ai_steps.step_persistence import (
-    ContinuableSnapshot,
     FileStepStore,
     InvalidRunIdError,
     RunRecord,
     StepEvent,
     ToolEffectRecord,
 )
-from pydantic_ai_steps.testing.step_store import T0, dump, tool_cycle
+from pydantic_ai_steps.testing.step_store import T0, dump
+
+from .builders import history, snap
 
 pytestmark = pytest.mark.anyio
-
-
-def snap(run_id: str, messages: list, step: int = 1, **fields: object) -> ContinuableSnapshot:  # type: ignore[type-arg]
-    return ContinuableSnapshot(run_id=run_id, step_index=step, messages=messages, timestamp=T0, **fields)  # type: ignore[arg-type]
-
-
-def history(cycles: int) -> list:  # type: ignore[type-arg]
-    return [message for index in range(cycles) for message in tool_cycle(f'c{index}', f'q{index}')]
 
 
 def append_bytes(path: Path, data: bytes) -> None:

@@ -51,7 +51,7 @@ import sys
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -426,36 +426,13 @@ class FileStepStore:
     def _read_newest_snapshot(self, run_id: str, include_interrupted: bool, below: int | None) -> _FoundSnapshot | None:
         run_dir = self._run_dir(run_id)
         seqs = sorted(_snapshot_seqs(run_dir / SNAPSHOTS_DIR), reverse=True)
-        view: _LogView | None = None
-        for seq in seqs:
-            if below is not None and seq >= below:
-                continue
-            found = _read_snapshot_file(run_dir, seq, include_interrupted)
-            if found is None:
-                continue
-            if found.log_ref is not None:
-                if view is None:
-                    view = _LogView.read(run_dir / MESSAGES_FILE)
-                if not found.resolve(view):
-                    continue
-            return found
-        return None
+        older = (seq for seq in seqs if below is None or seq < below)
+        return next(_resolved_snapshots(run_dir, older, include_interrupted), None)
 
     def _read_all_snapshots(self, run_id: str, include_interrupted: bool) -> list[_FoundSnapshot]:
         run_dir = self._run_dir(run_id)
-        view: _LogView | None = None
-        result: list[_FoundSnapshot] = []
-        for seq in sorted(_snapshot_seqs(run_dir / SNAPSHOTS_DIR)):
-            found = _read_snapshot_file(run_dir, seq, include_interrupted)
-            if found is None:
-                continue
-            if found.log_ref is not None:
-                if view is None:
-                    view = _LogView.read(run_dir / MESSAGES_FILE)
-                if not found.resolve(view):
-                    continue
-            result.append(found)
-        return result
+        seqs = sorted(_snapshot_seqs(run_dir / SNAPSHOTS_DIR))
+        return list(_resolved_snapshots(run_dir, seqs, include_interrupted))
 
 
 # === per-run cache ============================================================================
@@ -1152,3 +1129,21 @@ def _copy_run(record: RunRecord) -> RunRecord:
     fresh = copy.copy(record)
     fresh.metadata = dict(record.metadata)
     return fresh
+
+
+def _resolved_snapshots(run_dir: Path, seqs: Iterable[int], include_interrupted: bool) -> Iterator[_FoundSnapshot]:
+    """The readable snapshot files among `seqs`, in that order, with their messages resolved.
+
+    The run's message log is read once, and only when a snapshot refers to it.
+    """
+    view: _LogView | None = None
+    for seq in seqs:
+        found = _read_snapshot_file(run_dir, seq, include_interrupted)
+        if found is None:
+            continue
+        if found.log_ref is not None:
+            if view is None:
+                view = _LogView.read(run_dir / MESSAGES_FILE)
+            if not found.resolve(view):
+                continue
+        yield found
