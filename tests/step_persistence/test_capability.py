@@ -528,3 +528,39 @@ async def test_concurrent_runs_on_one_capability_stay_apart() -> None:
     assert len({r.run_id for r in records}) == 10
     for record in records:
         assert [k for k, _ in kinds(await store.list_events(run_id=record.run_id))].count('run_started') == 1
+
+
+async def test_durable_operations_dispatch_through_a_registered_engine_and_run_inline_otherwise() -> None:
+    """Calls skip pydantic-ai's per-call binding only when no engine dispatches the operation."""
+    from types import SimpleNamespace
+
+    from pydantic_ai._run_context import set_current_run_context  # pyright: ignore[reportPrivateUsage]
+    from pydantic_ai.models.test import TestModel
+    from pydantic_ai.usage import RunUsage
+
+    store = InMemoryStepStore()
+    persistence = StepPersistence[None](store=store, run_id='r')
+    dispatched: list[dict[str, object]] = []
+
+    async def engine(ctx: RunContext[None], args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+        del ctx, args
+        dispatched.append(kwargs)
+
+    ctx = RunContext[None](deps=None, model=TestModel(), usage=RunUsage())
+    ctx._durable_operations = {('step_persistence', 'append_event'): engine}  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+    with set_current_run_context(ctx):
+        await persistence._record(ctx, 'run_started')  # pyright: ignore[reportPrivateUsage]
+    assert [call['kind'] for call in dispatched] == ['run_started']
+    assert await store.list_events(run_id='r') == []  # the engine, not the inline body, ran it
+
+    ctx._durable_operations = {('other_capability', 'append_event'): engine}  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+    with set_current_run_context(ctx):
+        await persistence._record(ctx, 'run_completed')  # pyright: ignore[reportPrivateUsage]
+    assert len(dispatched) == 1
+    assert [event.kind for event in await store.list_events(run_id='r')] == ['run_completed']
+
+    inline = capability_module._runs_inline  # pyright: ignore[reportPrivateUsage]
+    assert inline(SimpleNamespace(_durable_operations=None), 'step_persistence', 'append_event')  # pyright: ignore[reportArgumentType]
+    assert inline(SimpleNamespace(_durable_operations={}), 'step_persistence', 'append_event')  # pyright: ignore[reportArgumentType]
+    # A pydantic-ai without the attribute: leave the decision to its own wrapper.
+    assert not inline(SimpleNamespace(), 'step_persistence', 'append_event')  # pyright: ignore[reportArgumentType]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import operator
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from pydantic_ai import CallToolsNode, ModelRequestNode
@@ -26,6 +28,7 @@ from ._protocol import StepStore
 from ._records import ContinuableSnapshot, EventKind, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, utc_now
 from .stores.memory import InMemoryStepStore
 
+_R = TypeVar('_R')
 _DERIVED_ID_ATTEMPTS = 8
 _FINAL_RESULT_PROCESSED = 'Final result processed.'
 """The return pydantic-ai gives an output tool call (see `_with_output_tool_returns`)."""
@@ -125,6 +128,27 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         return self.run_id
 
     # --- durable operations: every timestamp and id is produced inside one -----------------
+
+    async def _durably(
+        self,
+        ctx: RunContext[AgentDepsT],
+        name: str,
+        operation: Callable[..., Awaitable[_R]],
+        /,
+        *args: Any,
+        **kwargs: Any,
+    ) -> _R:
+        """Call `operation` (a bound method decorated `@durable_operation(name=name)`).
+
+        pydantic-ai's wrapper binds the call's signature on every call (tens of microseconds,
+        several calls per step) before it finds, in a run without a durability engine, that the
+        call runs inline. When the run has no dispatcher for this operation, the undecorated
+        method is called directly: what the wrapper would do, minus the binding.
+        """
+        if _runs_inline(ctx, self.id, name):
+            undecorated = cast(Callable[..., Awaitable[_R]], inspect.unwrap(operation))
+            return await undecorated(self, *args, **kwargs)
+        return await operation(*args, **kwargs)
 
     @durable_operation(name='registration_id')
     async def _new_registration_id(self) -> str:
@@ -268,7 +292,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         self._event_sequence += 1
         if kind in ('run_completed', 'run_failed'):
             self._closed = True
-        await self._append_event(
+        await self._durably(
+            ctx,
+            'append_event',
+            self._append_event,
             run_id=self._run_id,
             kind=kind,
             step_index=ctx.run_step,
@@ -290,7 +317,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         state: SnapshotState = 'complete' if valid else 'interrupted'
         index = self._snapshot_sequence
         self._snapshot_sequence += 1
-        await self._save_snapshot(
+        await self._durably(
+            ctx,
+            'save_snapshot',
+            self._save_snapshot,
             run_id=self._run_id,
             step_index=step_index,
             messages=messages,
@@ -350,8 +380,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 logger.warning('could not record run_failed for run %r', self.run_id, exc_info=True)
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
-        registration_id = await self._new_registration_id()
-        run_id = await self._register_run(
+        registration_id = await self._durably(ctx, 'registration_id', self._new_registration_id)
+        run_id = await self._durably(
+            ctx,
+            'register_run',
+            self._register_run,
             run_id=self._run_id,
             conversation_id=ctx.conversation_id,
             parent_run_id=self.parent_run_id,
@@ -436,19 +469,30 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         `on_tool_execute_error`; such a call is recorded `failed`, saying it asked for a retry.
         """
         run_id, name = self._run_id, tool_def.name
-        await self._record_tool_started(run_id, call.tool_call_id, name)
+        await self._durably(ctx, 'record_tool_effect', self._record_tool_started, run_id, call.tool_call_id, name)
         await self._record(ctx, 'tool_call_started', tool_call_id=call.tool_call_id, tool_name=name)
         try:
             result = await handler(args)
         except BaseException as error:
             reason = _describe_tool_error(error)
             with anyio.CancelScope(shield=True):
-                await self._finish_tool_effect(run_id, call.tool_call_id, name, 'failed', reason)
+                await self._durably(
+                    ctx,
+                    'finish_tool_effect',
+                    self._finish_tool_effect,
+                    run_id,
+                    call.tool_call_id,
+                    name,
+                    'failed',
+                    reason,
+                )
                 await self._record(
                     ctx, 'tool_call_failed', tool_call_id=call.tool_call_id, tool_name=name, error=reason
                 )
             raise
-        await self._finish_tool_effect(run_id, call.tool_call_id, name, 'completed')
+        await self._durably(
+            ctx, 'finish_tool_effect', self._finish_tool_effect, run_id, call.tool_call_id, name, 'completed'
+        )
         await self._record(ctx, 'tool_call_completed', tool_call_id=call.tool_call_id, tool_name=name)
         return result
 
@@ -472,6 +516,23 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             if self._validity.check(messages):
                 await self._snapshot(ctx, messages, ctx.run_step, valid=True)
         return result
+
+
+_ABSENT = object()
+
+
+def _runs_inline(ctx: RunContext[Any], capability_id: str | None, name: str) -> bool:
+    """Whether no durability engine dispatches operation `name` of capability `capability_id` in this run.
+
+    A durability capability registers its dispatchers in the run context's `_durable_operations`
+    mapping (one mapping shared by every context of the run), which is what pydantic-ai's own
+    wrapper consults. Should a pydantic-ai release not have that attribute, the answer is no, and
+    the wrapper decides.
+    """
+    operations: Any = getattr(ctx, '_durable_operations', _ABSENT)
+    if operations is _ABSENT:
+        return False
+    return not operations or (capability_id, name) not in operations
 
 
 def _derive_run_id(agent_name: str | None, source: str | None, *, attempt: int) -> str:
