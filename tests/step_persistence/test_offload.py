@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
-from pydantic_ai_steps.step_persistence import FileStepStore, RunRecord, SqliteStepStore, StepEvent
-from pydantic_ai_steps.step_persistence.stores._offload import run_blocking
+from pydantic_ai_steps.step_persistence import FileStepStore, RunRecord, SqliteStepStore, StepEvent, ToolEffectRecord
+from pydantic_ai_steps.step_persistence.stores import _offload as offload_module
+from pydantic_ai_steps.step_persistence.stores import file as file_module
+from pydantic_ai_steps.step_persistence.stores import sqlite as sqlite_module
+from pydantic_ai_steps.step_persistence.stores._offload import held, run_blocking, run_soon
 from pydantic_ai_steps.testing.step_store import dump, tool_cycle
 from pydantic_ai_steps.testing.step_store import snapshot as make_snapshot
 
@@ -69,3 +76,154 @@ def test_stores_work_under_trio(kind: str, tmp_path: Path) -> None:
         assert len(await store.list_events(run_id='r')) == 1
 
     anyio.run(use_store, backend='trio')
+
+
+# --- calls tried on the event loop -------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_run_soon_runs_here_unless_the_call_would_wait() -> None:
+    loop_thread = threading.get_ident()
+    assert await run_soon(threading.get_ident) == loop_thread
+
+    lock = threading.Lock()
+    attempts: list[int] = []
+
+    def guarded() -> int:
+        attempts.append(threading.get_ident())
+        with held(lock):
+            return threading.get_ident()
+
+    lock.acquire()
+    try:
+        task_result: list[int] = []
+
+        async def call() -> None:
+            task_result.append(await run_soon(guarded))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            await anyio.sleep(0.05)
+            assert task_result == []  # waiting on a worker; the loop is free to run this
+            lock.release()
+    finally:
+        if lock.locked():
+            lock.release()
+    assert attempts[0] == loop_thread  # tried here first, gave up at the lock
+    assert task_result[0] != loop_thread  # and finished on a worker
+
+
+@pytest.mark.anyio
+async def test_sqlite_store_waits_for_another_writer_off_the_loop(tmp_path: Path) -> None:
+    """A write lock held by another connection sends the call to a worker; the loop keeps running."""
+    store = SqliteStepStore(database=tmp_path / 's.db')
+    await store.register_run(RunRecord(run_id='r'))
+    other = sqlite3.connect(tmp_path / 's.db', isolation_level=None)
+    other.execute('BEGIN IMMEDIATE')
+    ticks = 0
+    done = anyio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await anyio.sleep(0.01)
+
+    async def write() -> None:
+        await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+        done.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(ticker)
+        group.start_soon(write)
+        await anyio.sleep(0.2)
+        assert not done.is_set() and ticks >= 5, ticks
+        other.execute('COMMIT')
+    other.close()
+    assert [event.kind for event in await store.list_events(run_id='r')] == ['run_started']
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_file_store_waits_for_another_writers_flock_off_the_loop(tmp_path: Path) -> None:
+    store = FileStepStore(tmp_path / 'steps')
+    await store.register_run(RunRecord(run_id='r'))
+    await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+    holder = os.open(tmp_path / 'steps' / 'r' / 'events.jsonl', os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # as another process appending would
+    done = anyio.Event()
+
+    async def write() -> None:
+        await store.append_event(StepEvent(run_id='r', kind='run_completed', step_index=1))
+        done.set()
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(write)
+            await anyio.sleep(0.2)
+            assert not done.is_set()  # waiting on a worker, while this coroutine ran
+            fcntl.flock(holder, fcntl.LOCK_UN)
+    finally:
+        os.close(holder)
+    assert [event.kind for event in await store.list_events(run_id='r')] == ['run_started', 'run_completed']
+
+
+@pytest.mark.anyio
+async def test_sqlite_store_checkpoints_its_wal_on_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's own checkpoints are off on the store's connection; the store's keep the WAL bounded."""
+    worker_calls = 0
+    real = offload_module.run_blocking
+
+    async def counting(function: Any, *args: Any) -> Any:
+        nonlocal worker_calls
+        worker_calls += 1
+        return await real(function, *args)
+
+    monkeypatch.setattr(offload_module, 'run_blocking', counting)
+    store = SqliteStepStore(database=tmp_path / 's.db')
+    await store.register_run(RunRecord(run_id='r'))
+    for index in range(2000):
+        await store.append_event(StepEvent(run_id='r', kind='model_request_started', step_index=index))
+    # One call opened the database; then one call in every CHECKPOINT_EVERY went to a worker to checkpoint.
+    assert worker_calls == 1 + 2001 // sqlite_module._CHECKPOINT_EVERY  # pyright: ignore[reportPrivateUsage]
+    wal = tmp_path / 's.db-wal'
+    assert 0 < wal.stat().st_size < 8 * 1024 * 1024  # without checkpoints: ~3 pages per commit, 24 MB
+    assert len(await store.list_events(run_id='r')) == 2000
+    store.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize('kind', ['file', 'sqlite'])
+async def test_durable_stores_never_write_on_the_loop(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A durable store flushes to disk on every call: that must never happen on the event loop."""
+    loop_thread = threading.get_ident()
+    threads: set[int] = set()
+    real_fsync = os.fsync
+
+    def spying_fsync(fd: int) -> None:
+        threads.add(threading.get_ident())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, 'fsync', spying_fsync)
+    store = (
+        FileStepStore(tmp_path / 'steps', durable=True)
+        if kind == 'file'
+        else SqliteStepStore(database=tmp_path / 's.db', durable=True)
+    )
+    calls_here: list[str] = []
+    real_soon = offload_module.run_soon
+
+    async def watching(function: Any, *args: Any, inline: bool = True) -> Any:
+        if inline:
+            calls_here.append(getattr(function, '__name__', '?'))
+        return await real_soon(function, *args, inline=inline)
+
+    monkeypatch.setattr(file_module if kind == 'file' else sqlite_module, 'run_soon', watching)
+    await store.register_run(RunRecord(run_id='r'))
+    await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+    await store.save_snapshot(make_snapshot('r', tool_cycle()))
+    await store.record_tool_effect(ToolEffectRecord(tool_call_id='c', tool_name='t', run_id='r', status='started'))
+    assert calls_here == []
+    assert loop_thread not in threads

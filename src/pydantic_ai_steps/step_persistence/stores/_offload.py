@@ -1,11 +1,17 @@
-"""Running the File and SQLite stores' blocking work off the event loop, cheaply.
+"""Running the File and SQLite stores' blocking work without stalling the event loop, cheaply.
 
-A step makes about eight store calls, each a short burst of file or SQLite I/O (tens of
-microseconds). `anyio.to_thread.run_sync` costs about 85 us of CPU per call (capacity limiter,
-cancel scope, worker bookkeeping), which alone was more than the whole per-step budget
-persistence may take. On asyncio this module hands the call to a small pool of long-lived worker
-threads through a `SimpleQueue` and wakes the loop with `call_soon_threadsafe`: about 30 us.
-Under any other event loop (trio) it uses `anyio.to_thread.run_sync`.
+A step makes several store calls, each a short burst of file or SQLite I/O (tens of
+microseconds). Handing each to a worker thread costs more than the work: two thread wake-ups,
+measured at 150-200 us per call on a busy two-core machine. So the per-step calls are first
+tried *on the event loop* in a mode where they may not wait for anything (`run_soon`): every
+lock they would wait on (a thread lock, `flock`, SQLite's write lock) is only tried, and if one
+is taken the attempt raises `WouldBlock` before it has written anything, and the call goes to a
+worker thread instead, where waiting is harmless. A call that must flush to disk (`durable`
+stores) goes to a worker at once. Either way the loop never waits on another writer.
+
+The worker hand-off (`run_blocking`): on asyncio a small pool of long-lived worker threads fed
+through a `SimpleQueue`, waking the loop with `call_soon_threadsafe` (about 30 us of CPU against
+85 us for `anyio.to_thread.run_sync`, which is used under any other event loop, e.g. trio).
 
 Semantics match `anyio.to_thread.run_sync` without `abandon_on_cancel`: a call that has started
 always runs to completion, and a cancellation that arrives meanwhile is delivered after it, so
@@ -19,7 +25,7 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 import anyio
@@ -29,6 +35,38 @@ _R = TypeVar('_R')
 _Args = TypeVarTuple('_Args')
 _MAX_THREADS = 32
 """Upper bound on worker threads (anyio's default limiter allows 40)."""
+
+_attempt = threading.local()
+
+
+class WouldBlock(BaseException):
+    """Raised by a call tried on the event loop at the first point where it would have to wait.
+
+    Raise it only before the call has changed anything: the call is then run again, in full, on
+    a worker thread. A `BaseException`, so that no `except Exception` in a store swallows it.
+    """
+
+
+def may_wait() -> bool:
+    """Whether the running call may block: false while `run_soon` tries it on the event loop."""
+    return not getattr(_attempt, 'active', False)
+
+
+def acquire(lock: threading.Lock) -> None:
+    """Take `lock`; under `run_soon`'s attempt only if it is free (else `WouldBlock`)."""
+    if not lock.acquire(blocking=may_wait()):
+        raise WouldBlock
+
+
+@contextlib.contextmanager
+def held(lock: threading.Lock) -> Generator[None]:
+    """`with lock:`, except that under `run_soon`'s attempt a taken lock raises `WouldBlock`."""
+    acquire(lock)
+    try:
+        yield
+    finally:
+        lock.release()
+
 
 _Job = tuple[asyncio.AbstractEventLoop, 'asyncio.Future[Any]', Callable[..., Any], tuple[Any, ...]]
 
@@ -85,6 +123,24 @@ def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
 _pool = _Pool()
 if hasattr(os, 'register_at_fork'):  # pragma: no branch - POSIX
     os.register_at_fork(after_in_child=_pool._reset)  # pyright: ignore[reportPrivateUsage]
+
+
+async def run_soon(function: Callable[[Unpack[_Args]], _R], *args: *_Args, inline: bool = True) -> _R:
+    """Run `function(*args)` right here if it can finish without waiting, else on a worker thread.
+
+    `function` must check `may_wait()` (or use `acquire`) before anything that can wait, and raise
+    `WouldBlock` there. `inline=False` skips the attempt (for calls that flush to disk or read
+    without bound).
+    """
+    if inline and not getattr(_attempt, 'active', False):
+        _attempt.active = True
+        try:
+            return function(*args)
+        except WouldBlock:
+            pass
+        finally:
+            _attempt.active = False
+    return await run_blocking(function, *args)
 
 
 async def run_blocking(function: Callable[[Unpack[_Args]], _R], *args: *_Args) -> _R:

@@ -75,13 +75,20 @@ from .._history import LogEntry, resolve_history
 from .._message_log import STALE, SUPPRESSED, MessageLog, PreparedSnapshot, SnapshotMeta, WriteOutcome
 from .._records import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
 from .._retention import snapshots_to_keep
-from ._offload import run_blocking
+from ._offload import WouldBlock, held, may_wait, run_blocking, run_soon
 
 if sys.platform != 'win32':
     import fcntl
 
     def _lock_fd(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        """`flock` the file; when the caller may not wait (see `_offload`), only if it is free."""
+        if may_wait():
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise WouldBlock from None
 
 else:  # pragma: no cover - Windows has no flock; see the class docstring
 
@@ -177,11 +184,11 @@ class FileStepStore:
 
     async def register_run(self, record: RunRecord) -> None:
         check_file_safe_run_id(record.run_id)
-        await run_blocking(self._register_run, copy.copy(record))
+        await run_soon(self._register_run, copy.copy(record), inline=not self.durable)
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         check_file_safe_run_id(run_id)
-        return await run_blocking(self._get_run, run_id)
+        return await run_soon(self._get_run, run_id)
 
     async def list_runs(
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
@@ -192,7 +199,8 @@ class FileStepStore:
 
     async def append_event(self, event: StepEvent) -> None:
         check_file_safe_run_id(event.run_id)
-        await run_blocking(self._append_event, event.run_id, event.idempotency_key, _line(event_to_dict(event)))
+        line = _line(event_to_dict(event))
+        await run_soon(self._append_event, event.run_id, event.idempotency_key, line, inline=not self.durable)
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         check_file_safe_run_id(run_id)
@@ -221,15 +229,15 @@ class FileStepStore:
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         check_file_safe_run_id(record.run_id)
-        await run_blocking(self._record_tool_effect, copy.copy(record))
+        await run_soon(self._record_tool_effect, copy.copy(record), inline=not self.durable)
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         check_file_safe_run_id(run_id)
-        return await run_blocking(self._get_tool_effect, run_id, tool_call_id)
+        return await run_soon(self._get_tool_effect, run_id, tool_call_id)
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
         check_file_safe_run_id(run_id)
-        return await run_blocking(self._list_unresolved, run_id)
+        return await run_soon(self._list_unresolved, run_id)
 
     # === blocking bodies (worker threads) =====================================================
 
@@ -283,7 +291,7 @@ class FileStepStore:
     def _append_event(self, run_id: str, key: str | None, line: bytes) -> None:
         state = self._state(run_id)
         path = state.paths.events
-        with state.lock, _append_locked(path, durable=self.durable) as appender:
+        with held(state.lock), _append_locked(path, durable=self.durable) as appender:
             if key is not None:
                 state.events.sync_fd(appender.fd, path, state.add_event_lines)
                 if key in state.event_keys:
@@ -305,21 +313,21 @@ class FileStepStore:
     def _record_tool_effect(self, record: ToolEffectRecord) -> None:
         state = self._state(record.run_id)
         path = state.paths.effects
-        with state.lock, _append_locked(path, durable=self.durable) as appender:
+        with held(state.lock), _append_locked(path, durable=self.durable) as appender:
             appender.write(_line(tool_effect_to_dict(record)), self.durable)
             if state.effects_tail.follows(appender):
                 state.effects[record.tool_call_id] = record
 
     def _get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         state = self._state(run_id)
-        with state.lock:
+        with held(state.lock):
             state.effects_tail.sync_path(state.paths.effects, state.add_effect_lines)
             record = state.effects.get(tool_call_id)
             return copy.copy(record) if record is not None else None
 
     def _list_unresolved(self, run_id: str) -> list[ToolEffectRecord]:
         state = self._state(run_id)
-        with state.lock:
+        with held(state.lock):
             state.effects_tail.sync_path(state.paths.effects, state.add_effect_lines)
             return [copy.copy(record) for record in state.effects.values() if record.status == 'started']
 
@@ -327,7 +335,7 @@ class FileStepStore:
 
     async def _write_prepared(self, prepared: PreparedSnapshot) -> WriteOutcome:
         try:
-            return await run_blocking(self._write_snapshot, prepared)
+            return await run_soon(self._write_snapshot, prepared, inline=not self.durable)
         except BaseException as error:
             # The outcome is unknown (maybe partly written): the next save rewrites from scratch,
             # and after an I/O error (say, the run directory was deleted) re-reads the run's files.
@@ -349,7 +357,7 @@ class FileStepStore:
         paths = state.paths
         run_dir = paths.run_dir
         durable = self.durable
-        with state.lock, _append_locked(paths.messages, durable=durable) as log:
+        with held(state.lock), _append_locked(paths.messages, durable=durable) as log:
             if not state.snapshots_dir_ready:
                 if _make_dir(paths.snapshots) and durable:
                     _fsync_dir(run_dir)
@@ -643,13 +651,14 @@ class _Index:
                     appender.write(line, durable)
                 return
             except FileNotFoundError:
-                with self._lock:
+                with held(self._lock):
                     self._rebuild(durable)
         raise FileNotFoundError(f'could not create the run index {self._path}')
 
     def registered(self, record: RunRecord) -> None:
-        with self._lock:
-            self._registered_here.add(record.run_id)
+        # No lock: this runs after the registration's writes, where waiting (a reader may hold
+        # the lock for a while) is not allowed on the event loop; `set.add` is atomic.
+        self._registered_here.add(record.run_id)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -679,7 +688,7 @@ class _Index:
         return matches
 
     def record_from_index(self, run_id: str) -> RunRecord | None:
-        with self._lock:
+        with held(self._lock):
             self._refresh(False)
             lines = self._lines.get(run_id)
             return _copy_run(lines[-1]) if lines else None

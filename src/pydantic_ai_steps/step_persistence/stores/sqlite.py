@@ -51,7 +51,7 @@ from .._history import LogEntry, resolve_history
 from .._message_log import STALE, SUPPRESSED, MessageLog, PreparedSnapshot, SnapshotMeta, WriteOutcome
 from .._records import ContinuableSnapshot, RunRecord, SnapshotState, StepEvent, ToolEffectRecord
 from .._retention import snapshots_to_keep
-from ._offload import run_blocking
+from ._offload import WouldBlock, acquire, may_wait, run_blocking, run_soon
 
 __all__ = ['SqliteStepStore']
 
@@ -159,6 +159,13 @@ _CREATE_INDEXES = (
 )
 
 
+_BUSY_TIMEOUT_MS = 30_000
+"""How long a call on a worker thread waits for another connection's write lock."""
+_CHECKPOINT_EVERY = 256
+"""Commits between WAL checkpoints on the store's own connection (SQLite's default is about as
+many pages: 1000, and a commit here writes a few)."""
+
+
 class SqliteStepStore:
     """A `StepStore` in a SQLite database file (or a connection you already have).
 
@@ -232,6 +239,7 @@ class SqliteStepStore:
         self.media_store: MediaStore | None = media_store
         self._log = MessageLog(media_store, threshold)
         self._schema_ready = False
+        self._commits_since_checkpoint = 0
 
     def __repr__(self) -> str:
         where = f'database={self._database!r}' if self._database is not None else 'connection=<caller-owned>'
@@ -269,7 +277,7 @@ class SqliteStepStore:
     async def list_runs(
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
-        return await self._run(lambda conn: self._list_runs(conn, parent_run_id, conversation_id))
+        return await self._run(lambda conn: self._list_runs(conn, parent_run_id, conversation_id), inline=False)
 
     # --- events -----------------------------------------------------------------------------
 
@@ -291,7 +299,7 @@ class SqliteStepStore:
         await self._run(lambda conn: self._append_event(conn, values))
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
-        return await self._run(lambda conn: self._list_events(conn, run_id))
+        return await self._run(lambda conn: self._list_events(conn, run_id), inline=False)
 
     # --- snapshots --------------------------------------------------------------------------
 
@@ -302,14 +310,14 @@ class SqliteStepStore:
         return await self._log.newest_readable(
             run_id,
             lambda below: self._run(
-                partial(self._read_newest, run_id=run_id, interrupted=include_interrupted, below=below)
+                partial(self._read_newest, run_id=run_id, interrupted=include_interrupted, below=below), inline=False
             ),
         )
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """Every retained snapshot of the run, oldest first; `interrupted` ones only if asked."""
         return await self._log.all_readable(
-            run_id, await self._run(lambda conn: self._read_all(conn, run_id, include_interrupted))
+            run_id, await self._run(lambda conn: self._read_all(conn, run_id, include_interrupted), inline=False)
         )
 
     # --- tool effects -----------------------------------------------------------------------
@@ -570,12 +578,52 @@ class SqliteStepStore:
 
     # --- connection plumbing ----------------------------------------------------------------
 
-    async def _run(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
-        return await run_blocking(self._locked, body)
+    async def _run(self, body: Callable[[sqlite3.Connection], _R], *, inline: bool = True) -> _R:
+        """Run `body` on the connection: tried on the event loop first when `inline` (see `_offload`).
+
+        Only the store's own connection is tried there, and not when `durable` (each commit then
+        waits for the disk). A caller's `connection=` keeps whatever busy timeout the caller set,
+        so its calls always go to a worker.
+        """
+        return await run_soon(self._locked, body, inline=inline and self._owns_connection and not self.durable)
 
     def _locked(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
-        with self._lock:
-            return body(self._conn())
+        acquire(self._lock)
+        try:
+            if may_wait():
+                return self._waiting(body)
+            return self._without_waiting(body)
+        finally:
+            self._lock.release()
+
+    def _waiting(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
+        """On a worker thread: wait for the write lock up to the busy timeout; checkpoint when due."""
+        conn = self._conn()
+        if not self._owns_connection:
+            return body(conn)
+        conn.execute(f'PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}')
+        try:
+            result = body(conn)
+            if self._commits_since_checkpoint >= _CHECKPOINT_EVERY:
+                conn.execute('PRAGMA wal_checkpoint(PASSIVE)')
+                self._commits_since_checkpoint = 0
+            return result
+        finally:
+            conn.execute('PRAGMA busy_timeout = 0')
+
+    def _without_waiting(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
+        """On the event loop: the connection's busy timeout is 0, so a held write lock raises at once."""
+        conn = self._connection
+        if conn is None or not self._schema_ready or self._commits_since_checkpoint >= _CHECKPOINT_EVERY:
+            raise WouldBlock  # opening, migrating and checkpointing are a worker's job
+        try:
+            return body(conn)
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                raise
+            if conn.in_transaction:  # the store's own connection: any open transaction is ours
+                conn.execute('ROLLBACK')
+            raise WouldBlock from None
 
     def _conn(self) -> sqlite3.Connection:
         """The connection, opened and migrated on first use. Call under the lock."""
@@ -584,9 +632,14 @@ class SqliteStepStore:
             assert self._database is not None
             if self._database != _MEMORY and not self._database.startswith('file:'):
                 Path(self._database).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self._database, isolation_level=None, check_same_thread=False, timeout=30.0)
+            conn = sqlite3.connect(
+                self._database, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
+            )
             enable_wal(conn)
             conn.execute(f'PRAGMA synchronous={"FULL" if self.durable else "NORMAL"}')
+            # Checkpoints (which flush to disk) run on a worker every `_CHECKPOINT_EVERY` commits,
+            # never inside a commit made on the event loop.
+            conn.execute('PRAGMA wal_autocheckpoint = 0')
             self._connection = conn
         if not self._schema_ready:
             if not self._owns_connection and not conn.in_transaction:
@@ -609,9 +662,11 @@ class SqliteStepStore:
         shared connection already inside a transaction of the caller's, the work goes in a
         savepoint and commits (or not) with the caller's transaction.
         """
-        if self._owns_connection and not immediate:
-            yield
-            return
+        if self._owns_connection:
+            self._commits_since_checkpoint += 1
+            if not immediate:
+                yield
+                return
         if not conn.in_transaction:
             conn.execute('BEGIN IMMEDIATE')
             try:
