@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from pydantic_ai_steps.media import DiskMediaStore, MediaContext, make_static_public_url, media_uri_for
@@ -140,3 +143,92 @@ async def test_public_url_uses_the_resolver(tmp_path: Path) -> None:
 
     signed = DiskMediaStore(tmp_path, public_url=presign)
     assert await signed.public_url(uri, context=MediaContext(media_type='image/png')) == f'signed:{uri[-6:]}:image/png'
+
+
+# -- large puts: written to a temp file while a helper thread hashes them ---------------------------
+
+
+def _big(size: int = 2 << 20, seed: int = 0) -> bytes:
+    return bytes((seed + index * 7) % 251 for index in range(251)) * (size // 251) + b'tail'
+
+
+def large_store(root: Path, **kwargs: Any) -> DiskMediaStore:
+    store = DiskMediaStore(root, **kwargs)
+    store.concurrent_put_bytes = 1 << 20
+    return store
+
+
+async def test_large_put_round_trips_byte_exact_with_owner_only_file(tmp_path: Path) -> None:
+    store = large_store(tmp_path / 'm')
+    payload = _big()
+    uri = await store.put(payload, context=MediaContext(metadata={'k': 'v'}))
+    assert uri == media_uri_for(payload)
+    blob = tmp_path / 'm' / (uri[-64:] + '.bin')
+    assert all_files(tmp_path / 'm') == [blob.name, blob.name + '.meta.json']
+    assert mode(blob) == 0o600
+    assert await store.get(uri) == payload
+    assert await store.get_metadata(uri) == {'k': 'v'}
+
+
+async def test_large_put_of_a_stored_blob_leaves_it_untouched(tmp_path: Path) -> None:
+    store = large_store(tmp_path)
+    payload = _big(seed=1)
+    uri = await store.put(payload)
+    blob = tmp_path / (uri[-64:] + '.bin')
+    before = blob.stat()
+    assert await store.put(payload) == uri
+    after = blob.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert all_files(tmp_path) == [blob.name]
+
+
+async def test_large_put_failing_midway_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic_ai_steps.media.stores import disk
+
+    written: list[Path] = []
+
+    def half_then_disk_full(path: Path, payload: bytes) -> None:
+        path.write_bytes(payload[: len(payload) // 2])
+        written.append(path)
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+    monkeypatch.setattr(disk, '_write_new_file', half_then_disk_full)
+    store = large_store(tmp_path / 'm')
+    with pytest.raises(OSError, match='No space left'):
+        await store.put(_big(seed=2))
+    assert len(written) == 1
+    assert written[0].parent == tmp_path / 'm'
+    assert all_files(tmp_path / 'm') == []
+
+
+async def test_large_put_with_an_unsafe_key_stores_nothing(tmp_path: Path) -> None:
+    store = large_store(tmp_path / 'm', key_strategy=lambda uri, ctx: '../escape.bin')
+    with pytest.raises(ValueError, match='traversal-unsafe path'):
+        await store.put(_big(seed=3))
+    assert all_files(tmp_path / 'm') == []
+    assert not (tmp_path / 'escape.bin').exists()
+
+
+async def test_large_puts_of_the_same_payload_racing_store_one_blob(tmp_path: Path) -> None:
+    stores = [large_store(tmp_path), large_store(tmp_path)]
+    payload = _big(seed=4)
+    uris: list[str] = []
+
+    async def put(store: DiskMediaStore) -> None:
+        uris.append(await store.put(payload))
+
+    async with anyio.create_task_group() as group:
+        for store in stores:
+            group.start_soon(put, store)
+    assert uris == [media_uri_for(payload)] * 2
+    assert all_files(tmp_path) == [uris[0][-64:] + '.bin']
+    assert await stores[1].get(uris[0]) == payload
+
+
+async def test_large_put_through_a_key_strategy_into_a_subdirectory(tmp_path: Path) -> None:
+    store = large_store(tmp_path / 'm', key_strategy=lambda uri, ctx: 'a/b/' + uri[-64:] + '.dat')
+    payload = _big(seed=5)
+    uri = await store.put(payload)
+    assert all_files(tmp_path / 'm') == ['a', 'a/b', f'a/b/{uri[-64:]}.dat']
+    assert mode(tmp_path / 'm' / 'a' / 'b') == 0o700
+    assert await store.get(uri) == payload

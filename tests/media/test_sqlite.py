@@ -6,6 +6,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
 from pydantic_ai_steps.media import MediaContext, SqliteMediaStore, media_uri_for
@@ -134,3 +135,96 @@ async def test_memory_database_keeps_its_data_for_the_store_lifetime() -> None:
     uri = await store.put(b'in memory')
     assert await store.get(uri) == b'in memory'
     store.close()
+
+
+# -- large puts: the WAL checkpoint runs on a background thread ------------------------------------
+
+
+def _big(size: int = 2 << 20, seed: int = 0) -> bytes:
+    return bytes((seed + index * 7) % 251 for index in range(251)) * (size // 251) + b'tail'
+
+
+async def test_large_put_round_trips_and_is_checkpointed_off_the_put(tmp_path: Path) -> None:
+    path = tmp_path / 'big.db'
+    store = SqliteMediaStore(database=path)
+    store.deferred_checkpoint_bytes = 1 << 20
+    payload = _big()
+    uri = await store.put(payload, context=MediaContext(media_type='application/octet-stream', metadata={'a': 'b'}))
+    assert uri == media_uri_for(payload)
+    checkpointer = store._checkpoint_thread  # pyright: ignore[reportPrivateUsage]
+    if checkpointer is not None:
+        checkpointer.join()
+    # The store's connection is still open, so only the background checkpoint can have copied the
+    # row from the WAL into the database file; its own automatic checkpoint is back on.
+    assert path.stat().st_size > len(payload)
+    connection = store._connection  # pyright: ignore[reportPrivateUsage]
+    assert connection is not None
+    assert connection.execute('PRAGMA wal_autocheckpoint').fetchone()[0] == 1000
+    assert await store.get(uri) == payload
+    assert await store.get_metadata(uri) == {'a': 'b'}
+    await store.aclose()
+    assert store._checkpoint_thread is None  # pyright: ignore[reportPrivateUsage]
+    with sqlite3.connect(path) as check:
+        assert check.execute('SELECT bytes, size_bytes FROM media').fetchall() == [(payload, len(payload))]
+    check.close()
+
+
+async def test_failed_large_put_leaves_nothing_and_restores_the_checkpoint_setting(tmp_path: Path) -> None:
+    path = tmp_path / 'fail.db'
+    store = SqliteMediaStore(database=path)
+    store.deferred_checkpoint_bytes = 1 << 20
+    await store.put(b'seed')
+    with sqlite3.connect(path) as other:
+        other.execute(
+            'CREATE TRIGGER refuse BEFORE INSERT ON media WHEN length(NEW.bytes) > 100 '
+            "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+    other.close()
+    payload = _big()
+    with pytest.raises(sqlite3.IntegrityError, match='refused'):
+        await store.put(payload)
+    assert await store.exists(media_uri_for(payload)) is False
+    connection = store._connection  # pyright: ignore[reportPrivateUsage]
+    assert connection is not None
+    assert not connection.in_transaction
+    assert connection.execute('PRAGMA wal_autocheckpoint').fetchone()[0] == 1000
+    assert store._checkpoint_thread is None  # pyright: ignore[reportPrivateUsage]
+    store.close()
+
+
+async def test_large_puts_of_the_same_payload_racing_on_two_connections_store_one_row(tmp_path: Path) -> None:
+    path = tmp_path / 'race.db'
+    stores = [SqliteMediaStore(database=path) for _ in range(2)]
+    for store in stores:
+        store.deferred_checkpoint_bytes = 1 << 20
+    await stores[0].put(b'create the table first')
+    payload = _big(seed=3)
+    uris: list[str] = []
+
+    async def put(store: SqliteMediaStore) -> None:
+        uris.append(await store.put(payload, context=MediaContext(metadata={'by': str(id(store))})))
+
+    async with anyio.create_task_group() as group:
+        for store in stores:
+            group.start_soon(put, store)
+    assert uris == [media_uri_for(payload)] * 2
+    for store in stores:
+        assert await store.get(uris[0]) == payload
+        await store.aclose()
+    with sqlite3.connect(path) as check:
+        assert check.execute('SELECT count(*) FROM media WHERE size_bytes = ?', (len(payload),)).fetchone()[0] == 1
+    check.close()
+
+
+async def test_large_put_on_a_caller_connection_keeps_its_checkpoint_settings(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / 'caller.db', check_same_thread=False, isolation_level=None)
+    connection.execute('PRAGMA journal_mode=WAL')
+    connection.execute('PRAGMA wal_autocheckpoint=50')
+    store = SqliteMediaStore(connection=connection)
+    store.deferred_checkpoint_bytes = 1 << 20
+    payload = _big(seed=5)
+    uri = await store.put(payload)
+    assert await store.get(uri) == payload
+    assert connection.execute('PRAGMA wal_autocheckpoint').fetchone()[0] == 50
+    assert store._checkpoint_thread is None  # pyright: ignore[reportPrivateUsage]
+    connection.close()

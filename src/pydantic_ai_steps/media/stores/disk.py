@@ -5,15 +5,22 @@ over the target, so a reader never sees a half-written blob or sidecar and concu
 the same bytes cannot corrupt each other. Files are created readable by the owner only (0o600)
 and the directories the store creates are 0o700: media often holds user uploads.
 
-`put` hashes the payload once and hands the same buffer to `os.write`, with no intermediate
-copies, so storing a large blob costs little more than hashing it.
+`put` hands the caller's buffer to `hashlib` and `os.write` as it is, with no intermediate copies.
+A payload of `concurrent_put_bytes` (1 MiB) or more is hashed on a helper thread while the
+calling worker thread writes it to a temporary file in the store's root (both release the GIL),
+and the file is then renamed to the name its digest gives, so storing a large blob costs little
+more than hashing it. If a blob of that digest is already there, the temporary file is removed
+and the stored blob is left as it is. Smaller payloads are hashed first and written only when
+their blob is missing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -43,11 +50,15 @@ class DiskMediaStore:
 
     `key_strategy` maps a URI (and the operation's `MediaContext`) to a path relative to
     `directory`; it must stay inside it, so absolute paths and `..` segments are rejected with
-    `ValueError` before anything is written. A strategy that depends on the context needs the
-    same context on reads. Non-empty `context.metadata` is kept in a `<blob>.meta.json` sidecar;
-    a later put with non-empty metadata replaces it, a later put without metadata leaves it.
-    `media_type` and `filename` are not persisted. The directory is created on the first put.
+    `ValueError` and nothing is stored (a large put may have created the root directory by then).
+    A strategy that depends on the context needs the same context on reads. Non-empty
+    `context.metadata` is kept in a `<blob>.meta.json` sidecar; a later put with non-empty metadata
+    replaces it, a later put without metadata leaves it. `media_type` and `filename` are not
+    persisted. The directory is created on the first put.
     """
+
+    concurrent_put_bytes: int = 1 << 20
+    """Payloads at least this large are written to a temporary file while a helper thread hashes them."""
 
     def __init__(
         self,
@@ -89,14 +100,40 @@ class DiskMediaStore:
     # -- blocking bodies, run on worker threads --------------------------------------------------
 
     def _put_sync(self, data: bytes, context: MediaContext) -> str:
-        uri = uri_for_digest(hashlib.sha256(data).hexdigest())
-        path = self._path(uri, context)
-        self._make_dirs(path.parent)
-        if not path.is_file():
-            _write_atomic(path, data)
+        if len(data) >= self.concurrent_put_bytes:
+            uri, path = self._put_large(data, context)
+        else:
+            uri = uri_for_digest(hashlib.sha256(data).hexdigest())
+            path = self._path(uri, context)
+            self._make_dirs(path.parent)
+            if not path.is_file():
+                _write_atomic(path, data)
         if context.metadata:
             _write_atomic(_sidecar(path), encode_metadata(context.metadata).encode('utf-8'))
         return uri
+
+    def _put_large(self, data: bytes, context: MediaContext) -> tuple[str, Path]:
+        """Write `data` to a temp file in the root while a helper thread hashes it, then move it into place."""
+        digest = _Sha256Thread(data)
+        temp = self._root / f'put-{uuid.uuid4().hex}.tmp'
+        try:
+            self._make_dirs(self._root)
+            _write_new_file(temp, data)
+            uri = uri_for_digest(digest.hexdigest())
+            path = self._path(uri, context)
+            self._make_dirs(path.parent)
+            if not path.is_file():  # first put wins: a stored blob is never rewritten
+                try:
+                    os.replace(temp, path)
+                except OSError as error:
+                    if error.errno != errno.EXDEV:
+                        raise
+                    _write_atomic(path, data)  # the key strategy put it on another file system
+            return uri, path
+        finally:
+            digest.join()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
 
     def _read_blob(self, path: Path, uri: str) -> bytes:
         try:
@@ -167,17 +204,52 @@ def _write_atomic(target: Path, payload: bytes) -> None:
     """Write `payload` to a fresh 0o600 temp file beside `target`, then rename it over `target`."""
     temp = target.with_name(f'{target.name}.{uuid.uuid4().hex}.tmp')
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_BINARY', 0), _FILE_MODE)
-        try:
-            if hasattr(os, 'fchmod'):
-                os.fchmod(fd, _FILE_MODE)  # exactly 0o600, whatever the process umask
-            view = memoryview(payload)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-        finally:
-            os.close(fd)
+        _write_new_file(temp, payload)
         os.replace(temp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
+
+
+def _write_new_file(path: Path, payload: bytes) -> None:
+    """Create `path` (it must not exist) readable by the owner only and write all of `payload` to it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_BINARY', 0), _FILE_MODE)
+    try:
+        if hasattr(os, 'fchmod'):
+            os.fchmod(fd, _FILE_MODE)  # exactly 0o600, whatever the process umask
+        view = memoryview(payload)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+    finally:
+        os.close(fd)
+
+
+class _Sha256Thread:
+    """SHA-256 of a buffer, computed on a thread of its own (`hashlib` releases the GIL for large inputs)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name='pydantic-ai-steps-media-sha256', daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            assert self._data is not None
+            self._digest = hashlib.sha256(self._data).hexdigest()
+        except BaseException as error:  # handed to the caller by hexdigest()
+            self._error = error
+        finally:
+            self._data = None
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def hexdigest(self) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._digest is not None
+        return self._digest

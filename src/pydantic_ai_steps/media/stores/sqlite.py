@@ -15,10 +15,22 @@ must have been opened with `check_same_thread=False`; the constructor checks and
 Writes are `INSERT OR IGNORE`: the first put of a payload fixes its `media_type` and metadata.
 A put commits only when the connection had no transaction open before it, so a caller's own
 transaction (or a Python 3.12 `autocommit=False` connection) decides when the row lands.
+
+Large puts and the WAL checkpoint: a committed row sits in the `-wal` file until a checkpoint
+copies it into the database file, and SQLite runs that checkpoint on the committing connection
+once the WAL passes `wal_autocheckpoint` pages (1000 by default), i.e. inside the put that
+crossed it. A large blob always crosses it, and copying (and syncing) it a second time would
+cost a put about as much again. So when the store owns a file connection and commits a payload
+of `deferred_checkpoint_bytes` (4 MiB) or more itself, that commit runs with the automatic
+checkpoint off and a `PRAGMA wal_checkpoint(PASSIVE)` follows on a background thread through a
+short-lived connection of its own (it never blocks writers or readers). The commit itself keeps
+SQLite's default `synchronous` level, so the put is as durable as before. `close()` waits for a
+pending checkpoint. A caller's `connection=` is left with its own settings.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -51,6 +63,10 @@ class SqliteMediaStore:
     its missing `media_type` / `metadata` columns added.
     """
 
+    deferred_checkpoint_bytes: int = 4 << 20
+    """Payloads at least this large, committed on the store's own file connection, leave the WAL
+    checkpoint to a background thread (see the module docs)."""
+
     def __init__(
         self,
         *,
@@ -75,6 +91,9 @@ class SqliteMediaStore:
         self._public_url = public_url
         self._lock = threading.Lock()
         self._schema_ready = False
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_wanted = False
+        self._checkpoint_thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
         where = f'database={self._database!r}' if self._database is not None else 'connection=<caller-owned>'
@@ -99,12 +118,19 @@ class SqliteMediaStore:
         return await self._run(lambda conn: self._metadata_sync(conn, digest, uri))
 
     def close(self) -> None:
-        """Close the connection this store opened (a caller's `connection=` is left alone)."""
+        """Close the connection this store opened (a caller's `connection=` is left alone).
+
+        Waits for a background checkpoint that a large put started.
+        """
         with self._lock:
             if self._owns_connection and self._connection is not None:
                 self._connection.close()
                 self._connection = None
                 self._schema_ready = False
+        with self._checkpoint_lock:
+            thread = self._checkpoint_thread
+        if thread is not None:
+            thread.join()
 
     async def aclose(self) -> None:
         """`close()` on a worker thread, so the event loop never waits on the lock."""
@@ -118,13 +144,28 @@ class SqliteMediaStore:
         # Checking first spares binding (and copying) a large payload that is already stored;
         # INSERT OR IGNORE still settles a race with another writer of the same bytes.
         if conn.execute(f'SELECT 1 FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone() is None:
-            conn.execute(
-                f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata) '
-                'VALUES (?, ?, ?, ?, ?)',
-                (digest, context.media_type, data, len(data), encode_metadata(context.metadata)),
+            defer_checkpoint = (
+                not had_transaction
+                and self._owns_connection
+                and self._database != _MEMORY
+                and len(data) >= self.deferred_checkpoint_bytes
             )
-            if not had_transaction and conn.in_transaction:
-                conn.commit()
+            pages: object = conn.execute('PRAGMA wal_autocheckpoint').fetchone()[0] if defer_checkpoint else None
+            if isinstance(pages, int):
+                conn.execute('PRAGMA wal_autocheckpoint=0')
+            try:
+                conn.execute(
+                    f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata) '
+                    'VALUES (?, ?, ?, ?, ?)',
+                    (digest, context.media_type, data, len(data), encode_metadata(context.metadata)),
+                )
+                if not had_transaction and conn.in_transaction:
+                    conn.commit()
+            finally:
+                if isinstance(pages, int):
+                    conn.execute(f'PRAGMA wal_autocheckpoint={pages}')
+            if isinstance(pages, int):
+                self._checkpoint_soon()
         return uri_for_digest(digest)
 
     def _get_sync(self, conn: sqlite3.Connection, digest: str, uri: str) -> bytes:
@@ -150,6 +191,36 @@ class SqliteMediaStore:
             return decode_metadata(raw)
         except ValueError as exc:
             raise ValueError(f'unreadable metadata for {uri} in table {self._table!r}: {exc}') from exc
+
+    # -- background checkpoint ----------------------------------------------------------------------
+
+    def _checkpoint_soon(self) -> None:
+        """Have the checkpoint thread run (again): one thread at most, which runs until nothing is asked of it."""
+        with self._checkpoint_lock:
+            self._checkpoint_wanted = True
+            if self._checkpoint_thread is None:
+                self._checkpoint_thread = threading.Thread(
+                    target=self._checkpoint_loop, name='pydantic-ai-steps-media-checkpoint', daemon=True
+                )
+                self._checkpoint_thread.start()
+
+    def _checkpoint_loop(self) -> None:
+        database = self._database
+        assert database is not None
+        while True:
+            with self._checkpoint_lock:
+                if not self._checkpoint_wanted:
+                    self._checkpoint_thread = None
+                    return
+                self._checkpoint_wanted = False
+            # PASSIVE copies what no reader still needs and never waits on, or blocks, other
+            # connections. A failure costs nothing: the next automatic checkpoint catches up.
+            with contextlib.suppress(sqlite3.Error):
+                checkpointer = sqlite3.connect(database, isolation_level=None, timeout=30)
+                try:
+                    checkpointer.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchall()
+                finally:
+                    checkpointer.close()
 
     # -- plumbing ---------------------------------------------------------------------------------
 
