@@ -1,10 +1,18 @@
-"""The change detection behind message-once storage."""
+"""The change detection behind message-once storage, and the patches of stamped messages."""
 
 from __future__ import annotations
 
-from hypothesis import given
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic_ai.messages import (
+    BinaryContent,
     ModelMessage,
     ModelRequest,
     ModelResponse,
@@ -14,9 +22,22 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from pydantic_ai_steps.step_persistence import is_provider_valid
+from pydantic_ai_steps.media import DiskMediaStore
+from pydantic_ai_steps.step_persistence import ContinuableSnapshot, is_provider_valid
 from pydantic_ai_steps.step_persistence._helpers import ProviderValidity
-from pydantic_ai_steps.step_persistence._history import TAIL, HistoryTracker
+from pydantic_ai_steps.step_persistence._history import (
+    PATCH_PREFIX,
+    TAIL,
+    HistoryTracker,
+    LogEntry,
+    apply_patch,
+    is_patch,
+    make_patch,
+    message_to_json,
+    patch_base_index,
+    resolve_history,
+)
+from pydantic_ai_steps.step_persistence._message_log import MessageLog, PreparedSnapshot
 
 
 def history(length: int) -> list[ModelMessage]:
@@ -97,3 +118,372 @@ def test_incremental_validity_agrees_with_the_full_check(events: list[tuple[str,
         else:
             messages = messages[len(messages) // 2 :]
         assert checker.check(messages) == is_provider_valid(messages)
+
+
+# --- patches: format and exactness ------------------------------------------------------------
+
+STAMP = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def tool_return(index: int) -> ModelRequest:
+    return ModelRequest(parts=[ToolReturnPart('fetch', 'x' * 2048, tool_call_id=f'call-{index}')])
+
+
+def stamp(request: ModelRequest) -> None:
+    """What pydantic-ai does to a request after the boundary that first saved it."""
+    request.timestamp = STAMP
+    request.run_id = 'run-1'
+    request.conversation_id = 'conversation-1'
+    request.instructions = 'be brief'
+
+
+def test_a_stamped_request_is_a_small_patch_that_rebuilds_it_exactly() -> None:
+    request = tool_return(0)
+    before = message_to_json(request)
+    stamp(request)
+    after = message_to_json(request)
+    patch = make_patch(7, before, after)
+    assert patch is not None and is_patch(patch) and not is_patch(before)
+    assert patch.startswith(PATCH_PREFIX + '7,')
+    assert patch_base_index(patch) == 7
+    assert len(patch) < 250 < 2048 < len(after)
+    assert 'x' * 100 not in patch
+    assert apply_patch(patch, before) == after
+    json.loads(patch)  # a patch is itself JSON (the file store's log lines hold it as an object)
+
+
+def test_parts_are_reused_appended_and_replaced_without_repeating_unchanged_ones() -> None:
+    big = ['a' * 500, 'b' * 500, 'c' * 500]
+    before = ModelRequest(parts=[UserPromptPart(text) for text in big])
+    after = ModelRequest(parts=[UserPromptPart(big[0]), UserPromptPart('changed'), UserPromptPart(big[2])])
+    after.parts = [*after.parts, UserPromptPart('appended')]
+    for part_before, part_after in zip(before.parts, after.parts[:3], strict=True):
+        part_after.timestamp = part_before.timestamp
+    after.timestamp = before.timestamp
+    old, new = message_to_json(before), message_to_json(after)
+    patch = make_patch(0, old, new)
+    assert patch is not None
+    assert 'a' * 500 not in patch and 'c' * 500 not in patch
+    assert '"changed"' in patch and '"appended"' in patch
+    assert apply_patch(patch, old) == new
+
+
+def test_patches_copy_raw_text_so_number_spellings_and_escapes_survive() -> None:
+    base = '{"a":1e16,"b":"\\u00e9\\/","parts":[1E2,{"x":-0.0}],"c":[1,2]}'
+    text = '{"b":"\\u00e9\\/","parts":[{"x":-0.0},1E2,{"y":1e+16}],"a":1e16,"d":"\\ud800","c":[3,1]}'
+    patch = make_patch(3, base, text)
+    assert patch is not None
+    assert apply_patch(patch, base) == text
+
+
+def test_only_compact_json_objects_are_patched() -> None:
+    assert make_patch(0, '{"a": 1}', '{"a":2}') is None
+    assert make_patch(0, '{"a":1}', '{"a":2} ') is None
+    assert make_patch(0, '[1]', '{"a":2}') is None
+    assert make_patch(0, '{"$patch":[0,0]}', '{"a":2}') is None  # never a patch of a patch
+    assert make_patch(0, '{}', '{}') == PATCH_PREFIX + '0]}'
+    assert apply_patch(PATCH_PREFIX + '0]}', '{}') == '{}'
+
+
+@pytest.mark.parametrize(
+    'patch',
+    [
+        '{"$patch":[0,5]}',  # no member 5
+        '{"$patch":[0,-1]}',
+        '{"$patch":[0,{}]}',  # an added member must be exactly one
+        '{"$patch":[0,{"a":1,"b":2}]}',
+        '{"$patch":[0,[1,9]]}',  # no element 9
+        '{"$patch":[0,[]]}',
+        '{"$patch":[0,"a"]}',
+        '{"$patch":[]}',
+        '{"$patch":[0,0],"x":1}',
+        '{"$patch":[0, 0]}',
+        '{"other":[0,0]}',
+    ],
+)
+def test_a_malformed_patch_does_not_apply(patch: str) -> None:
+    with pytest.raises(ValueError):
+        apply_patch(patch, '{"a":1,"b":[1,2]}')
+
+
+# --- patches: resolving a snapshot ---------------------------------------------------------------
+
+
+def entries(*items: tuple[int, str]) -> list[LogEntry]:
+    return [LogEntry(index, position, text) for index, (position, text) in enumerate(items)]
+
+
+BASE = '{"parts":[{"content":"' + 'x' * 200 + '"}],"timestamp":null,"kind":"request"}'
+STAMPED = '{"parts":[{"content":"' + 'x' * 200 + '"}],"timestamp":"2025-01-01T00:00:00Z","kind":"request"}'
+
+
+def patch_of(base_index: int) -> str:
+    patch = make_patch(base_index, BASE, STAMPED)
+    assert patch is not None
+    return patch
+
+
+def test_resolving_applies_patches_and_old_full_text_logs_still_read() -> None:
+    log = entries((0, '{"a":1}'), (1, BASE), (1, patch_of(1)), (2, '{"b":2}'))
+    assert resolve_history(log, 3, 4) == ['{"a":1}', STAMPED, '{"b":2}']
+    assert resolve_history(log, 2, 2) == ['{"a":1}', BASE]  # an earlier snapshot: before the patch
+    assert resolve_history(entries((0, '{"a":1}'), (1, BASE)), 2, 2) == ['{"a":1}', BASE]
+
+
+@pytest.mark.parametrize(
+    'log',
+    [
+        entries((0, '{"a":1}'), (1, patch_of(5))),  # no such base
+        entries((0, BASE), (1, patch_of(0))),  # base of another position
+        entries((0, '{"a":1}'), (1, patch_of(1))),  # base is the patch itself
+        entries((0, '{"a":1}'), (1, BASE), (1, patch_of(1)), (1, patch_of(2))),  # patch of a patch
+        entries((0, '{"a":1}'), (1, '{"parts":[]}'), (1, patch_of(1))),  # base too short for the patch
+        entries((0, '{"a":1}'), (1, BASE), (1, '{"$patch":[1,[0,7]]}')),
+    ],
+)
+def test_a_snapshot_whose_patch_base_is_missing_or_wrong_does_not_resolve(log: list[LogEntry]) -> None:
+    assert resolve_history(log, 2, len(log)) is None
+
+
+def test_a_base_outside_the_entries_a_reader_loaded_does_not_resolve() -> None:
+    log = entries((0, '{"a":1}'), (1, BASE), (1, patch_of(1)))
+    assert resolve_history([log[0], log[2]], 2, 3) is None  # the base line was lost
+    later = entries((0, '{"a":1}'), (1, patch_of(2)), (1, BASE))
+    assert resolve_history(later, 2, 2) is None  # a base after the patch is beyond its snapshots
+    assert resolve_history(later, 2, 3) == ['{"a":1}', BASE]
+
+
+# --- patches: the write path ----------------------------------------------------------------------
+
+
+class FakeStore:
+    """A message log in a list, written the way the File and SQLite stores write it."""
+
+    def __init__(self) -> None:
+        self.log: list[LogEntry] = []
+        self.snapshots: list[tuple[int, int, list[str]]] = []
+        """`(message_count, log_size, the texts message_to_json gave at save time)`."""
+
+    async def write(self, prepared: PreparedSnapshot) -> int:
+        if prepared.known_log_size is not None:
+            assert prepared.known_log_size == len(self.log)
+        for position, text in prepared.appends:
+            self.log.append(LogEntry(len(self.log), position, text))
+        messages = prepared.snapshot.messages
+        self.snapshots.append((len(messages), len(self.log), [message_to_json(m) for m in messages]))
+        return len(self.log)
+
+    def appended(self, since: int) -> list[str]:
+        return [entry.text for entry in self.log[since:]]
+
+
+def snapshot_of(messages: list[ModelMessage], step: int = 0) -> ContinuableSnapshot:
+    return ContinuableSnapshot(run_id='run-1', step_index=step, messages=list(messages))
+
+
+def test_a_stamped_request_is_written_once_in_full_then_as_a_patch() -> None:
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(None, 1 << 20)
+        messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+        for step in range(6):
+            messages.append(ModelResponse(parts=[ToolCallPart('fetch', {}, tool_call_id=f'call-{step}')]))
+            request = tool_return(step)
+            messages.append(request)
+            await log.save(snapshot_of(messages, step), store.write)
+            size = len(store.log)
+            stamp(request)
+            messages.append(ModelResponse(parts=[TextPart('thinking')]))
+            await log.save(snapshot_of(messages, step), store.write)
+            written = store.appended(size)
+            assert len(written) == 2 and is_patch(written[0]) and not is_patch(written[1])
+            assert len(written[0]) < 300
+        for count, size, texts in store.snapshots:
+            assert resolve_history(store.log, count, size) == texts
+        loaded = await log.load(resolve_history(store.log, len(messages), len(store.log)) or [])
+        assert [message_to_json(m) for m in loaded] == [message_to_json(m) for m in messages]
+
+    asyncio.run(main())
+
+
+def test_without_a_known_base_a_changed_version_is_written_in_full() -> None:
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(None, 1 << 20)
+        request = tool_return(0)
+        messages: list[ModelMessage] = [request]
+        await log.save(snapshot_of(messages), store.write)
+        stamp(request)
+        log.forget('run-1')  # e.g. a failed write
+        await log.save(snapshot_of(messages), store.write)
+        assert not is_patch(store.log[-1].text)
+        fresh = MessageLog(None, 1 << 20)  # another process
+        request.instructions = 'other'
+        await fresh.save(snapshot_of(messages), store.write)
+        assert not is_patch(store.log[-1].text)
+        request.instructions = 'third'
+        await fresh.save(snapshot_of(messages), store.write)  # now it knows the base it just wrote
+        assert is_patch(store.log[-1].text) and patch_base_index(store.log[-1].text) == 2
+        for count, size, texts in store.snapshots:
+            assert resolve_history(store.log, count, size) == texts
+
+    asyncio.run(main())
+
+
+def test_bases_are_kept_for_the_tail_positions_only() -> None:
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(None, 1 << 20)
+        requests = [tool_return(i) for i in range(3 * TAIL)]
+        messages: list[ModelMessage] = list(requests)
+        await log.save(snapshot_of(messages), store.write)
+        delta = log._tracker.delta('run-1', messages)  # pyright: ignore[reportPrivateUsage]
+        assert delta.previous is not None
+        assert sorted(delta.previous.bases) == list(range(2 * TAIL, 3 * TAIL))
+        assert all(store.log[base.index].text == base.text for base in delta.previous.bases.values())
+        stamp(requests[-1])
+        replaced = [ModelRequest(parts=[UserPromptPart('summary')]), *messages[1:]]  # an old position, rewritten
+        await log.save(snapshot_of(replaced), store.write)
+        assert [is_patch(text) for text in store.appended(3 * TAIL)] == [False, True]
+        for count, size, texts in store.snapshots:
+            assert resolve_history(store.log, count, size) == texts
+
+    asyncio.run(main())
+
+
+def test_a_patch_keeps_media_markers_and_reads_back(tmp_path: Path) -> None:
+    async def main() -> None:
+        media = DiskMediaStore(tmp_path / 'media')
+        store, log = FakeStore(), MessageLog(media, 1024)
+        image = BinaryContent(data=bytes(range(256)) * 64, media_type='image/png')
+        request = ModelRequest(parts=[UserPromptPart(['look ' * 100, image])])
+        await log.save(snapshot_of([request]), store.write)
+        assert image.data not in store.log[0].text.encode()
+        stamp(request)
+        await log.save(snapshot_of([request]), store.write)
+        patch = store.log[1].text
+        assert is_patch(patch) and 'look' not in patch
+        texts = resolve_history(store.log, 1, 2)
+        assert texts is not None
+        assert (
+            json.loads(texts[0])['parts'][0]['content'][1] == json.loads(store.log[0].text)['parts'][0]['content'][1]
+        )  # the marker, as the full text stored it
+        (loaded,) = await log.load(texts)
+        assert message_to_json(loaded) == message_to_json(request)
+
+    asyncio.run(main())
+
+
+# --- patches: properties ----------------------------------------------------------------------------
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=12,
+)
+
+NUMBER_SPELLINGS: dict[object, list[str]] = {}
+
+
+@st.composite
+def raw_json(draw: st.DrawFn, value: Any) -> str:
+    """`value` as compact JSON, with the spellings other encoders use (escapes, exponents) drawn at random."""
+    if isinstance(value, dict):
+        members = [
+            draw(raw_json(key)) + ':' + draw(raw_json(item))
+            for key, item in value.items()  # pyright: ignore[reportUnknownVariableType]
+        ]
+        return '{' + ','.join(members) + '}'
+    if isinstance(value, list):
+        return '[' + ','.join(draw(raw_json(item)) for item in value) + ']'  # pyright: ignore[reportUnknownVariableType]
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=draw(st.booleans()))
+    if isinstance(value, float) and value == value and abs(value) != float('inf'):
+        return draw(st.sampled_from([repr(value), f'{value:e}', f'{value:E}', json.dumps(value)]))
+    return json.dumps(value)
+
+
+@st.composite
+def message_dict_pairs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A message-like dict and a changed version: members kept, changed, dropped, added, moved; parts too."""
+    base = draw(st.dictionaries(st.text(max_size=6), json_values, max_size=6))
+    base['parts'] = draw(st.lists(json_values, max_size=6))
+    changed: dict[str, Any] = {}
+    for key, value in base.items():
+        action = draw(st.sampled_from(['keep', 'keep', 'change', 'drop']))
+        if action == 'keep':
+            changed[key] = value
+        elif action == 'change':
+            if key == 'parts' and draw(st.booleans()):
+                kept = [item for item in value if draw(st.booleans())]
+                changed[key] = draw(st.permutations(kept + draw(st.lists(json_values, max_size=3))))
+            else:
+                changed[key] = draw(json_values)
+    changed.update(draw(st.dictionaries(st.text(max_size=6), json_values, max_size=3)))
+    if draw(st.booleans()):
+        changed = dict(draw(st.permutations(list(changed.items()))))
+    return base, changed
+
+
+@settings(max_examples=300, deadline=None)
+@given(pair=message_dict_pairs(), data=st.data(), base_index=st.integers(0, 10**6))
+def test_any_change_round_trips_byte_exactly(
+    pair: tuple[dict[str, Any], dict[str, Any]], data: st.DataObject, base_index: int
+) -> None:
+    base = data.draw(raw_json(pair[0]))
+    text = data.draw(raw_json(pair[1]))
+    patch = make_patch(base_index, base, text)
+    assert patch is not None
+    assert patch_base_index(patch) == base_index
+    assert apply_patch(patch, base) == text
+    log = [LogEntry(base_index, 0, base), LogEntry(base_index + 1, 0, patch)]
+    assert resolve_history(log, 1, base_index + 2) == [text]
+    assert resolve_history(log, 1, base_index + 1) == [base]
+
+
+@settings(max_examples=200, deadline=None)
+@given(left=json_values, right=json_values, spaced=st.booleans())
+def test_any_pair_of_texts_patches_exactly_or_not_at_all(left: Any, right: Any, spaced: bool) -> None:
+    separators = (', ', ': ') if spaced else (',', ':')
+    base, text = (json.dumps(value, separators=separators, ensure_ascii=False) for value in (left, right))
+    patch = make_patch(0, base, text)
+    if patch is not None:
+        assert apply_patch(patch, base) == text
+
+
+events = st.lists(
+    st.sampled_from(['call', 'stamp', 'text', 'rewrite', 'shrink', 'forget', 'part']),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(script=events)
+def test_every_snapshot_resolves_to_what_was_saved(script: list[str]) -> None:
+    """Stamp, append, rewrite, shrink and forget in any order: each snapshot reads back exactly."""
+
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(None, 1 << 20)
+        messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+        for step, event in enumerate(script):
+            requests = [m for m in messages[-3:] if isinstance(m, ModelRequest)]
+            if event == 'call':
+                messages = [*messages, ModelResponse(parts=[ToolCallPart('t', {}, tool_call_id=f'c{step}')])]
+                messages.append(tool_return(step))
+            elif event == 'stamp' and requests:
+                stamp(requests[-1])
+                requests[-1].instructions = f'step {step}'
+            elif event == 'part' and requests:
+                requests[-1].parts = [*requests[-1].parts, UserPromptPart(f'more {step}')]
+            elif event == 'text':
+                messages = [*messages, ModelResponse(parts=[TextPart(f'a{step}')])]
+            elif event == 'rewrite':
+                messages = [ModelRequest(parts=[UserPromptPart(f'summary {step}')]), *messages[2:]]
+            elif event == 'shrink':
+                messages = messages[: max(1, len(messages) - 3)]
+            elif event == 'forget':
+                log.forget('run-1')
+            await log.save(snapshot_of(messages, step), store.write)
+        for count, size, texts in store.snapshots:
+            assert resolve_history(store.log, count, size) == texts
+
+    asyncio.run(main())

@@ -1,9 +1,11 @@
 """The pipeline every persistent store shares between a snapshot and its message log.
 
 Writing: find the candidate messages (`HistoryTracker`), serialize only those, drop the ones
-whose content is unchanged, move large payloads to the media store, and hand the store a list of
-`(position, text)` appends. Reading: restore media in the texts that carry markers and rebuild
-the messages. A store only does I/O around these two calls; see `_history` for the log layout.
+whose content is unchanged, move large payloads to the media store, store a changed version as a
+patch of the position's previous full text when that is much smaller, and hand the store a list
+of `(position, text)` appends. Reading: the store resolves patches (`resolve_history`); then
+restore media in the texts that carry markers and rebuild the messages. A store only does I/O
+around these two calls; see `_history` for the log layout.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import copy
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, cast
 
@@ -23,7 +25,17 @@ from ..media._context import MediaContext
 from ..media._protocol import MediaStore
 from ..media._uri import parse_media_uri
 from ..media._walker import externalize_tree, has_markers, might_need_externalizing, restore_media
-from ._history import HistoryDelta, HistoryTracker, content_digest, message_to_json, messages_from_json
+from ._history import (
+    TAIL,
+    HistoryDelta,
+    HistoryTracker,
+    PatchBase,
+    content_digest,
+    is_patch,
+    make_patch,
+    message_to_json,
+    messages_from_json,
+)
 from ._records import ContinuableSnapshot, SnapshotState
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
@@ -79,6 +91,8 @@ class PreparedSnapshot:
     """The run's log length as this process last wrote it; `None` if the store must look it up."""
     _delta: HistoryDelta[bytes]
     _digests: dict[int, bytes]
+    _full: dict[int, int] = field(default_factory=dict[int, int])
+    """Position -> offset in `appends` of the full texts written for the last `TAIL` positions."""
 
 
 class MessageLog:
@@ -93,6 +107,8 @@ class MessageLog:
         delta = self._tracker.delta(snapshot.run_id, snapshot.messages)
         appends: list[tuple[int, str]] = []
         digests: dict[int, bytes] = {}
+        full: dict[int, int] = {}
+        tail = len(delta.messages) - TAIL
         for position in delta.candidates:
             message, placeholders = await self._offload_binaries(delta.messages[position])
             text = message_to_json(message)
@@ -100,13 +116,29 @@ class MessageLog:
             digests[position] = digest
             if delta.stored_at(position) == digest:
                 continue
-            appends.append((position, await self._externalize(text, placeholders)))
+            stored = await self._externalize(text, placeholders)
+            patch = _patch(delta.base_at(position), stored)
+            if patch is not None:
+                appends.append((position, patch))
+                continue
+            if position >= tail:
+                full[position] = len(appends)
+            appends.append((position, stored))
         known = delta.previous.log_size if delta.previous is not None else None
-        return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests)
+        return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests, full)
 
     def committed(self, prepared: PreparedSnapshot, log_size: int) -> None:
-        """The store wrote `prepared`; the run's log now holds `log_size` entries."""
-        self._tracker.commit(prepared._delta, prepared._digests, log_size)  # pyright: ignore[reportPrivateUsage]
+        """The store wrote `prepared`; the run's log now holds `log_size` entries.
+
+        A store appends a snapshot's entries contiguously at the end of the log, so the full texts
+        just written sit at `log_size - len(appends) + offset`: the bases of later patches.
+        """
+        first = log_size - len(prepared.appends)
+        bases = {
+            position: PatchBase(first + offset, prepared.appends[offset][1])
+            for position, offset in prepared._full.items()  # pyright: ignore[reportPrivateUsage]
+        }
+        self._tracker.commit(prepared._delta, prepared._digests, log_size, bases)  # pyright: ignore[reportPrivateUsage]
 
     def forget(self, run_id: str) -> None:
         """A write failed or was suppressed: the next save of the run rewrites from scratch."""
@@ -178,7 +210,9 @@ class MessageLog:
         )
 
     async def load(self, texts: list[str]) -> list[ModelMessage]:
-        """Rebuild messages from stored texts, putting externalized payloads back."""
+        """Rebuild messages from stored texts (patches already resolved), putting externalized payloads back."""
+        if any(map(is_patch, texts)):
+            raise ValueError('a message text is an unresolved patch')
         if self.media_store is not None:
             texts = [await self._restore(text) if has_markers(text) else text for text in texts]
         return messages_from_json(texts)
@@ -252,6 +286,18 @@ class MessageLog:
         assert self.media_store is not None
         tree: object = await restore_media(json.loads(text), media_store=self.media_store)
         return _compact(tree)
+
+
+PATCH_RATIO = 2
+"""A changed version is stored as a patch only if the patch is at most 1/PATCH_RATIO of its full text."""
+
+
+def _patch(base: PatchBase | None, text: str) -> str | None:
+    """`text` as a patch of `base`, if this process knows the position's base and the patch is much smaller."""
+    if base is None or len(text) < 64:
+        return None
+    patch = make_patch(base.index, base.text, text)
+    return patch if patch is not None and len(patch) * PATCH_RATIO <= len(text) else None
 
 
 def _compact(tree: object) -> str:
