@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -56,3 +57,56 @@ def enable_wal(connection: sqlite3.Connection, *, timeout: float = 30.0) -> None
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
+
+
+class BackgroundCheckpointer:
+    """Runs `PRAGMA wal_checkpoint(PASSIVE)` on a thread of its own, through a connection of its own.
+
+    A checkpoint copies the WAL into the database file and flushes both to disk: milliseconds
+    on a busy disk. SQLite runs it inside whichever commit crosses `wal_autocheckpoint`, so a
+    store that turns that off and asks for a checkpoint here keeps its commits short. PASSIVE
+    never waits for, nor blocks, other connections; a checkpoint that fails or cannot finish
+    costs nothing, the next one catches up. At most one thread runs, until nothing more is asked.
+    """
+
+    def __init__(self, database: str, name: str) -> None:
+        self._database = database
+        self._name = name
+        self._lock = threading.Lock()
+        self._wanted = False
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        """Have a checkpoint run soon; returns at once."""
+        with self._lock:
+            self._wanted = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether a checkpoint thread is running."""
+        with self._lock:
+            return self._thread is not None
+
+    def wait(self) -> None:
+        """Wait for a running checkpoint (and any asked for meanwhile) to finish."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self._wanted:
+                    self._thread = None
+                    return
+                self._wanted = False
+            with contextlib.suppress(sqlite3.Error):
+                checkpointer = sqlite3.connect(self._database, isolation_level=None, timeout=30)
+                try:
+                    checkpointer.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchall()
+                finally:
+                    checkpointer.close()

@@ -151,9 +151,9 @@ async def test_large_put_round_trips_and_is_checkpointed_off_the_put(tmp_path: P
     payload = _big()
     uri = await store.put(payload, context=MediaContext(media_type='application/octet-stream', metadata={'a': 'b'}))
     assert uri == media_uri_for(payload)
-    checkpointer = store._checkpoint_thread  # pyright: ignore[reportPrivateUsage]
-    if checkpointer is not None:
-        checkpointer.join()
+    checkpointer = store._checkpointer  # pyright: ignore[reportPrivateUsage]
+    assert checkpointer is not None
+    checkpointer.wait()
     # The store's connection is still open, so only the background checkpoint can have copied the
     # row from the WAL into the database file; its own automatic checkpoint is back on.
     assert path.stat().st_size > len(payload)
@@ -163,7 +163,7 @@ async def test_large_put_round_trips_and_is_checkpointed_off_the_put(tmp_path: P
     assert await store.get(uri) == payload
     assert await store.get_metadata(uri) == {'a': 'b'}
     await store.aclose()
-    assert store._checkpoint_thread is None  # pyright: ignore[reportPrivateUsage]
+    assert not store._checkpointer.running  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
     with sqlite3.connect(path) as check:
         assert check.execute('SELECT bytes, size_bytes FROM media').fetchall() == [(payload, len(payload))]
     check.close()
@@ -188,7 +188,7 @@ async def test_failed_large_put_leaves_nothing_and_restores_the_checkpoint_setti
     assert connection is not None
     assert not connection.in_transaction
     assert connection.execute('PRAGMA wal_autocheckpoint').fetchone()[0] == 1000
-    assert store._checkpoint_thread is None  # pyright: ignore[reportPrivateUsage]
+    assert not store._checkpointer.running  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
     store.close()
 
 
@@ -226,5 +226,5 @@ async def test_large_put_on_a_caller_connection_keeps_its_checkpoint_settings(tm
     uri = await store.put(payload)
     assert await store.get(uri) == payload
     assert connection.execute('PRAGMA wal_autocheckpoint').fetchone()[0] == 50
-    assert store._checkpoint_thread is None  # pyright: ignore[reportPrivateUsage]
+    assert store._checkpointer is None  # pyright: ignore[reportPrivateUsage]
     connection.close()

@@ -30,7 +30,6 @@ pending checkpoint. A caller's `connection=` is left with its own settings.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -42,7 +41,7 @@ from typing import TypeVar
 
 import anyio.to_thread
 
-from ..._sqlite import enable_wal, require_cross_thread_use
+from ..._sqlite import BackgroundCheckpointer, enable_wal, require_cross_thread_use
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._protocol import PublicUrlResolver, decode_metadata, encode_metadata, resolve_public_url
 from .._uri import parse_media_uri, uri_for_digest
@@ -91,9 +90,11 @@ class SqliteMediaStore:
         self._public_url = public_url
         self._lock = threading.Lock()
         self._schema_ready = False
-        self._checkpoint_lock = threading.Lock()
-        self._checkpoint_wanted = False
-        self._checkpoint_thread: threading.Thread | None = None
+        self._checkpointer = (
+            BackgroundCheckpointer(self._database, 'pydantic-ai-steps-media-checkpoint')
+            if self._database is not None and self._database != _MEMORY
+            else None
+        )
 
     def __repr__(self) -> str:
         where = f'database={self._database!r}' if self._database is not None else 'connection=<caller-owned>'
@@ -127,10 +128,8 @@ class SqliteMediaStore:
                 self._connection.close()
                 self._connection = None
                 self._schema_ready = False
-        with self._checkpoint_lock:
-            thread = self._checkpoint_thread
-        if thread is not None:
-            thread.join()
+        if self._checkpointer is not None:
+            self._checkpointer.wait()
 
     async def aclose(self) -> None:
         """`close()` on a worker thread, so the event loop never waits on the lock."""
@@ -164,8 +163,8 @@ class SqliteMediaStore:
             finally:
                 if isinstance(pages, int):
                     conn.execute(f'PRAGMA wal_autocheckpoint={pages}')
-            if isinstance(pages, int):
-                self._checkpoint_soon()
+            if isinstance(pages, int) and self._checkpointer is not None:
+                self._checkpointer.request()
         return uri_for_digest(digest)
 
     def _get_sync(self, conn: sqlite3.Connection, digest: str, uri: str) -> bytes:
@@ -191,36 +190,6 @@ class SqliteMediaStore:
             return decode_metadata(raw)
         except ValueError as exc:
             raise ValueError(f'unreadable metadata for {uri} in table {self._table!r}: {exc}') from exc
-
-    # -- background checkpoint ----------------------------------------------------------------------
-
-    def _checkpoint_soon(self) -> None:
-        """Have the checkpoint thread run (again): one thread at most, which runs until nothing is asked of it."""
-        with self._checkpoint_lock:
-            self._checkpoint_wanted = True
-            if self._checkpoint_thread is None:
-                self._checkpoint_thread = threading.Thread(
-                    target=self._checkpoint_loop, name='pydantic-ai-steps-media-checkpoint', daemon=True
-                )
-                self._checkpoint_thread.start()
-
-    def _checkpoint_loop(self) -> None:
-        database = self._database
-        assert database is not None
-        while True:
-            with self._checkpoint_lock:
-                if not self._checkpoint_wanted:
-                    self._checkpoint_thread = None
-                    return
-                self._checkpoint_wanted = False
-            # PASSIVE copies what no reader still needs and never waits on, or blocks, other
-            # connections. A failure costs nothing: the next automatic checkpoint catches up.
-            with contextlib.suppress(sqlite3.Error):
-                checkpointer = sqlite3.connect(database, isolation_level=None, timeout=30)
-                try:
-                    checkpointer.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchall()
-                finally:
-                    checkpointer.close()
 
     # -- plumbing ---------------------------------------------------------------------------------
 
