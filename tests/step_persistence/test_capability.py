@@ -564,3 +564,118 @@ async def test_durable_operations_dispatch_through_a_registered_engine_and_run_i
     assert inline(SimpleNamespace(_durable_operations={}), 'step_persistence', 'append_event')  # pyright: ignore[reportArgumentType]
     # A pydantic-ai without the attribute: leave the decision to its own wrapper.
     assert not inline(SimpleNamespace(), 'step_persistence', 'append_event')  # pyright: ignore[reportArgumentType]
+
+
+# --- batched writes ----------------------------------------------------------------------------
+
+
+class CallLog:
+    """Wraps a store and logs every call, optionally without `write_records` (one write per record)."""
+
+    def __init__(self, store: InMemoryStepStore, *, batches: bool) -> None:
+        self.store = store
+        self.calls: list[str] = []
+        if batches:
+            self.write_records = self._write_records
+
+    def __getattr__(self, name: str) -> Any:
+        if name == 'write_records':  # only reached without `batches`
+            raise AttributeError(name)
+        method = getattr(self.store, name)
+
+        async def logged(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return await method(*args, **kwargs)
+
+        return logged
+
+    async def _write_records(self, **records: Any) -> None:
+        self.calls.append('write_records')
+        await self.store.write_records(**records)
+
+
+def two_cycle_agent(store: Any, observed: list[str | None] | None = None) -> Agent[None, str]:
+    agent = Agent(
+        scripted([call('read_file', 'c1', path='a')], [call('read_file', 'c2', path='b')], 'done'),
+        capabilities=[StepPersistence(store=store, run_id='batched')],
+    )
+
+    @agent.tool
+    async def read_file(ctx: RunContext[None], path: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        if observed is not None:
+            inner = store.store if isinstance(store, CallLog) else store
+            entry = await inner.get_tool_effect(run_id='batched', tool_call_id=ctx.tool_call_id or '')
+            observed.append(entry.status if entry is not None else None)
+        return f'contents of {path}'
+
+    return agent
+
+
+async def test_batched_writes_record_exactly_what_single_writes_record() -> None:
+    """With `write_records` a tool cycle is two writes, and the stored records are the same."""
+    batched, single = CallLog(InMemoryStepStore(), batches=True), CallLog(InMemoryStepStore(), batches=False)
+    await two_cycle_agent(batched).run('go')
+    await two_cycle_agent(single).run('go')
+
+    def stored(log: CallLog) -> Any:
+        return log.store
+
+    events = [await stored(log).list_events(run_id='batched') for log in (batched, single)]
+    assert [(e.kind, e.step_index, e.idempotency_key) for e in events[0]] == [
+        (e.kind, e.step_index, e.idempotency_key) for e in events[1]
+    ]
+    snapshots = [await stored(log).list_snapshots(run_id='batched') for log in (batched, single)]
+    assert shape(snapshots[0]) == shape(snapshots[1]) and len(snapshots[0]) == 3
+    for log in (batched, single):
+        effects = [await stored(log).get_tool_effect(run_id='batched', tool_call_id=c) for c in ('c1', 'c2')]
+        assert [e.status if e is not None else None for e in effects] == ['completed', 'completed']
+
+    assert single.calls.count('append_event') == len(events[1])
+    # Batched: registration, run_started, then per tool cycle one write before the tool (its
+    # `started` entry with the events so far), one read, one write at the boundary; the final
+    # boundary's snapshot, and run_completed.
+    assert batched.calls == [
+        'register_run',
+        'write_records',
+        *(['write_records', 'get_tool_effect', 'write_records'] * 2),
+        'write_records',
+        'write_records',
+    ]
+
+
+async def test_batched_ledger_entry_closes_with_the_snapshot_holding_the_result() -> None:
+    """Between a tool's return and the boundary snapshot its entry still says `started`."""
+    store = InMemoryStepStore()
+    closed_with: list[tuple[list[str], list[str]]] = []
+    original = store.write_records
+
+    async def spying(*, snapshot: Any = None, tool_effects: Any = (), events: Any = ()) -> None:
+        if tool_effects and tool_effects[0].status != 'started':
+            returns = [
+                part.tool_call_id
+                for message in (snapshot.messages if snapshot is not None else [])
+                for part in message.parts
+                if part.part_kind == 'tool-return'
+            ]
+            closed_with.append(([e.tool_call_id for e in tool_effects], returns))
+        await original(snapshot=snapshot, tool_effects=tool_effects, events=events)
+
+    store.write_records = spying  # type: ignore[method-assign]
+    observed: list[str | None] = []
+    await two_cycle_agent(store, observed).run('go')
+    assert observed == ['started', 'started']
+    assert closed_with == [(['c1'], ['c1']), (['c2'], ['c1', 'c2'])]
+
+
+async def test_batching_is_off_under_a_durability_engine() -> None:
+    """An engine journals each durable operation, so each record is written by its own operation."""
+    from types import SimpleNamespace
+
+    free = capability_module._engine_free  # pyright: ignore[reportPrivateUsage]
+    assert free(SimpleNamespace(_durable_operations=None), 'step_persistence')  # pyright: ignore[reportArgumentType]
+    assert free(SimpleNamespace(_durable_operations={('other', 'x'): 1}), 'step_persistence')  # pyright: ignore[reportArgumentType]
+    assert not free(
+        SimpleNamespace(_durable_operations={('step_persistence', 'append_event'): 1}),  # pyright: ignore[reportArgumentType]
+        'step_persistence',
+    )
+    assert not free(SimpleNamespace(), 'step_persistence')  # pyright: ignore[reportArgumentType]

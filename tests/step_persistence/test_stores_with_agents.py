@@ -52,6 +52,11 @@ class Tee:
         await self.primary.save_snapshot(snapshot)
         await self.witness.save_snapshot(snapshot)
 
+    async def write_records(self, *, snapshot: ContinuableSnapshot | None = None, **records: Any) -> None:
+        await self.primary.write_records(snapshot=snapshot, **records)
+        if snapshot is not None:
+            await self.witness.save_snapshot(snapshot)
+
 
 @pytest.mark.parametrize('kind', STORES)
 async def test_snapshots_keep_what_the_boundary_saw_not_what_was_stamped_later(kind: str, tmp_path: Path) -> None:

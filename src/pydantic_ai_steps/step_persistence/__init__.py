@@ -13,7 +13,7 @@ from ._capability import StepPersistence
 from ._errors import InvalidRunIdError, RunAlreadyExistsError
 from ._events import SnapshotSaved
 from ._helpers import annotate_tool_effect, continue_run, fork_run, is_provider_valid
-from ._protocol import StepStore
+from ._protocol import RecordBatchStore, StepStore
 from ._records import (
     ContinuableSnapshot,
     EventKind,
@@ -42,6 +42,7 @@ __all__ = [
     'EventKind',
     'InMemoryStepStore',
     'InvalidRunIdError',
+    'RecordBatchStore',
     'RunAlreadyExistsError',
     'RunRecord',
     'SnapshotSaved',

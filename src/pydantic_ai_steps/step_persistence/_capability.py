@@ -24,7 +24,7 @@ from . import _context
 from ._errors import RunAlreadyExistsError
 from ._events import SnapshotSaved
 from ._helpers import ProviderValidity
-from ._protocol import StepStore
+from ._protocol import RecordBatchStore, StepStore
 from ._records import ContinuableSnapshot, EventKind, RunRecord, SnapshotState, StepEvent, ToolEffectRecord, utc_now
 from .stores.memory import InMemoryStepStore
 
@@ -81,6 +81,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     _output_tool_names: frozenset[str] = field(default=frozenset[str](), init=False, repr=False)
     _registered: bool = field(default=False, init=False, repr=False)
     _closed: bool = field(default=False, init=False, repr=False)
+    _batched: bool = field(default=False, init=False, repr=False)
+    """Whether records wait for the next write that must happen anyway (see `_flush`)."""
+    _pending_events: list[StepEvent] = field(default_factory=list[StepEvent], init=False, repr=False)
+    _pending_effects: list[ToolEffectRecord] = field(default_factory=list[ToolEffectRecord], init=False, repr=False)
 
     @classmethod
     def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence[Any]:
@@ -206,7 +210,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         event_index: int,
     ) -> None:
         await self.store.append_event(
-            StepEvent(
+            _step_event(
                 run_id=run_id,
                 kind=kind,
                 step_index=step_index,
@@ -217,7 +221,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 tool_name=tool_name,
                 error=error,
                 metadata=metadata,
-                idempotency_key=f'{event_index}:{step_index}:{kind}:{tool_call_id or ""}',
+                event_index=event_index,
             )
         )
 
@@ -235,7 +239,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         snapshot_index: int,
     ) -> None:
         await self.store.save_snapshot(
-            ContinuableSnapshot(
+            _continuable_snapshot(
                 run_id=run_id,
                 step_index=step_index,
                 messages=messages,
@@ -243,7 +247,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 parent_run_id=parent_run_id,
                 agent_name=agent_name,
                 state=state,
-                idempotency_key=f'{snapshot_index}:{step_index}:{state}',
+                snapshot_index=snapshot_index,
             )
         )
 
@@ -264,18 +268,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     ) -> None:
         """Close a ledger entry, keeping what `annotate_tool_effect` added while the tool ran."""
         prior = await self.store.get_tool_effect(run_id=run_id, tool_call_id=tool_call_id)
-        await self.store.record_tool_effect(
-            ToolEffectRecord(
-                tool_call_id=tool_call_id,
-                tool_name=tool_name,
-                run_id=run_id,
-                status=status,
-                started_at=prior.started_at if prior is not None else utc_now(),
-                ended_at=utc_now(),
-                idempotency_key=prior.idempotency_key if prior is not None else None,
-                effect_summary=prior.effect_summary if prior is not None and prior.effect_summary else error,
-            )
-        )
+        await self.store.record_tool_effect(_closed_entry(prior, run_id, tool_call_id, tool_name, status, error))
 
     # --- recording helpers ----------------------------------------------------------------
 
@@ -287,11 +280,35 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         tool_call_id: str | None = None,
         tool_name: str | None = None,
         error: str | None = None,
+        defer: bool = False,
     ) -> None:
+        """Record an event; batched, it waits for the next write unless it opens or closes the run.
+
+        `defer=True` lets even those wait, for a caller that writes right after (the final snapshot).
+        """
         index = self._event_sequence
         self._event_sequence += 1
         if kind in ('run_completed', 'run_failed'):
             self._closed = True
+        if self._batched:
+            self._pending_events.append(
+                _step_event(
+                    run_id=self._run_id,
+                    kind=kind,
+                    step_index=ctx.run_step,
+                    conversation_id=ctx.conversation_id,
+                    parent_run_id=self.parent_run_id,
+                    agent_name=self.agent_name,
+                    tool_call_id=tool_call_id,
+                    tool_name=tool_name,
+                    error=error,
+                    metadata=dict(self.metadata),
+                    event_index=index,
+                )
+            )
+            if kind in _WRITTEN_AT_ONCE and not defer:
+                await self._flush()
+            return
         await self._durably(
             ctx,
             'append_event',
@@ -317,19 +334,32 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         state: SnapshotState = 'complete' if valid else 'interrupted'
         index = self._snapshot_sequence
         self._snapshot_sequence += 1
-        await self._durably(
-            ctx,
-            'save_snapshot',
-            self._save_snapshot,
-            run_id=self._run_id,
-            step_index=step_index,
-            messages=messages,
-            conversation_id=ctx.conversation_id,
-            parent_run_id=self.parent_run_id,
-            agent_name=self.agent_name,
-            state=state,
-            snapshot_index=index,
-        )
+        if self._batched:
+            snapshot = _continuable_snapshot(
+                run_id=self._run_id,
+                step_index=step_index,
+                messages=messages,
+                conversation_id=ctx.conversation_id,
+                parent_run_id=self.parent_run_id,
+                agent_name=self.agent_name,
+                state=state,
+                snapshot_index=index,
+            )
+            await self._flush(snapshot=snapshot)
+        else:
+            await self._durably(
+                ctx,
+                'save_snapshot',
+                self._save_snapshot,
+                run_id=self._run_id,
+                step_index=step_index,
+                messages=messages,
+                conversation_id=ctx.conversation_id,
+                parent_run_id=self.parent_run_id,
+                agent_name=self.agent_name,
+                state=state,
+                snapshot_index=index,
+            )
         self._last_saved = messages
         self._last_snapshot_step = step_index
         await ctx.emit(
@@ -340,6 +370,32 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 state=state,
             )
         )
+
+    async def _flush(
+        self, *, snapshot: ContinuableSnapshot | None = None, tool_effects: list[ToolEffectRecord] | None = None
+    ) -> None:
+        """Write the waiting records together with `snapshot` / `tool_effects`, as one unit.
+
+        With a store that can write several records at once (`RecordBatchStore`) and no
+        durability engine journaling calls one by one, the informational events and the closed
+        ledger entries of a step wait for the next write that must happen anyway: the `started`
+        entry of the next tool call, or the boundary snapshot. A tool cycle then costs two writes,
+        not eight. A call's ledger entry is closed with the snapshot that holds its result, so
+        after a crash a call is `completed` only if a snapshot has its return; a crash in between
+        leaves it `started`, reported as possibly done, which it is. The events of a model
+        request still in flight at a crash are not in the log; a run's opening and closing
+        events are written at once.
+        """
+        events, effects = self._pending_events, self._pending_effects
+        self._pending_events, self._pending_effects = [], []
+        store = cast(RecordBatchStore, self.store)
+        try:
+            await store.write_records(snapshot=snapshot, tool_effects=[*effects, *(tool_effects or ())], events=events)
+        except BaseException:
+            # Keep them for the write that closes the run; idempotency keys make a repeat harmless.
+            self._pending_events[:0] = events
+            self._pending_effects[:0] = effects
+            raise
 
     def _unchanged_since_last_save(self, messages: list[ModelMessage]) -> bool:
         """Whether the final history is, message for message, the one last saved.
@@ -380,6 +436,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 logger.warning('could not record run_failed for run %r', self.run_id, exc_info=True)
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
+        self._batched = isinstance(self.store, RecordBatchStore) and _engine_free(ctx, self.id)
         registration_id = await self._durably(ctx, 'registration_id', self._new_registration_id)
         run_id = await self._durably(
             ctx,
@@ -408,6 +465,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         messages = _with_output_tool_returns(result.all_messages(), self._output_tool_names)
         if not self._unchanged_since_last_save(messages) and self._validity.check(messages):
             step = self._last_request_step if self._last_request_step is not None else ctx.run_step
+            if self._batched:  # the closing event goes with the final snapshot
+                await self._record(ctx, 'run_completed', defer=True)
+                await self._snapshot(ctx, messages, step, valid=True)
+                return result
             await self._snapshot(ctx, messages, step, valid=True)
         await self._record(ctx, 'run_completed')
         return result
@@ -468,33 +529,41 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         `ModelRetry`, which pydantic-ai turns into a retry prompt without calling
         `on_tool_execute_error`; such a call is recorded `failed`, saying it asked for a retry.
         """
-        run_id, name = self._run_id, tool_def.name
-        await self._durably(ctx, 'record_tool_effect', self._record_tool_started, run_id, call.tool_call_id, name)
-        await self._record(ctx, 'tool_call_started', tool_call_id=call.tool_call_id, tool_name=name)
+        run_id, call_id, name = self._run_id, call.tool_call_id, tool_def.name
+        if self._batched:
+            await self._record(ctx, 'tool_call_started', tool_call_id=call_id, tool_name=name)
+            started = ToolEffectRecord(tool_call_id=call_id, tool_name=name, run_id=run_id, status='started')
+            await self._flush(tool_effects=[started])
+        else:
+            await self._durably(ctx, 'record_tool_effect', self._record_tool_started, run_id, call_id, name)
+            await self._record(ctx, 'tool_call_started', tool_call_id=call_id, tool_name=name)
         try:
             result = await handler(args)
         except BaseException as error:
             reason = _describe_tool_error(error)
             with anyio.CancelScope(shield=True):
-                await self._durably(
-                    ctx,
-                    'finish_tool_effect',
-                    self._finish_tool_effect,
-                    run_id,
-                    call.tool_call_id,
-                    name,
-                    'failed',
-                    reason,
-                )
-                await self._record(
-                    ctx, 'tool_call_failed', tool_call_id=call.tool_call_id, tool_name=name, error=reason
-                )
+                await self._close_tool_call(ctx, call_id, name, 'failed', reason)
+                await self._record(ctx, 'tool_call_failed', tool_call_id=call_id, tool_name=name, error=reason)
             raise
-        await self._durably(
-            ctx, 'finish_tool_effect', self._finish_tool_effect, run_id, call.tool_call_id, name, 'completed'
-        )
-        await self._record(ctx, 'tool_call_completed', tool_call_id=call.tool_call_id, tool_name=name)
+        await self._close_tool_call(ctx, call_id, name, 'completed')
+        await self._record(ctx, 'tool_call_completed', tool_call_id=call_id, tool_name=name)
         return result
+
+    async def _close_tool_call(
+        self,
+        ctx: RunContext[AgentDepsT],
+        call_id: str,
+        name: str,
+        status: Literal['completed', 'failed'],
+        error: str | None = None,
+    ) -> None:
+        """Close the call's ledger entry: at once, or (batched) with the boundary snapshot."""
+        run_id = self._run_id
+        if self._batched:
+            prior = await self.store.get_tool_effect(run_id=run_id, tool_call_id=call_id)
+            self._pending_effects.append(_closed_entry(prior, run_id, call_id, name, status, error))
+            return
+        await self._durably(ctx, 'finish_tool_effect', self._finish_tool_effect, run_id, call_id, name, status, error)
 
     # --- node boundaries ------------------------------------------------------------------
 
@@ -515,10 +584,22 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 messages.append(result.request)
             if self._validity.check(messages):
                 await self._snapshot(ctx, messages, ctx.run_step, valid=True)
+            elif self._pending_effects:
+                await self._flush()  # no settled boundary: close the ledger entries anyway
         return result
 
 
 _ABSENT = object()
+_WRITTEN_AT_ONCE: frozenset[EventKind] = frozenset({'run_started', 'run_completed', 'run_failed'})
+"""Events a batched run writes at once: the log shows that a run began, and how it ended."""
+
+
+def _engine_free(ctx: RunContext[Any], capability_id: str | None) -> bool:
+    """Whether no durability engine dispatches any operation of this capability in this run."""
+    operations: Any = getattr(ctx, '_durable_operations', _ABSENT)
+    if operations is _ABSENT:
+        return False
+    return not operations or all(key[0] != capability_id for key in operations)
 
 
 def _runs_inline(ctx: RunContext[Any], capability_id: str | None, name: str) -> bool:
@@ -533,6 +614,38 @@ def _runs_inline(ctx: RunContext[Any], capability_id: str | None, name: str) -> 
     if operations is _ABSENT:
         return False
     return not operations or (capability_id, name) not in operations
+
+
+def _step_event(*, event_index: int, **fields: Any) -> StepEvent:
+    """An event stamped now, keyed `{event_index}:{step_index}:{kind}:{tool_call_id or ''}`."""
+    key = f'{event_index}:{fields["step_index"]}:{fields["kind"]}:{fields["tool_call_id"] or ""}'
+    return StepEvent(**fields, idempotency_key=key)
+
+
+def _continuable_snapshot(*, snapshot_index: int, **fields: Any) -> ContinuableSnapshot:
+    """A snapshot stamped now, keyed `{snapshot_index}:{step_index}:{state}`."""
+    return ContinuableSnapshot(**fields, idempotency_key=f'{snapshot_index}:{fields["step_index"]}:{fields["state"]}')
+
+
+def _closed_entry(
+    prior: ToolEffectRecord | None,
+    run_id: str,
+    tool_call_id: str,
+    tool_name: str,
+    status: Literal['completed', 'failed'],
+    error: str | None,
+) -> ToolEffectRecord:
+    """A closed ledger entry that keeps what `annotate_tool_effect` added while the tool ran."""
+    return ToolEffectRecord(
+        tool_call_id=tool_call_id,
+        tool_name=tool_name,
+        run_id=run_id,
+        status=status,
+        started_at=prior.started_at if prior is not None else utc_now(),
+        ended_at=utc_now(),
+        idempotency_key=prior.idempotency_key if prior is not None else None,
+        effect_summary=prior.effect_summary if prior is not None and prior.effect_summary else error,
+    )
 
 
 def _derive_run_id(agent_name: str | None, source: str | None, *, attempt: int) -> str:

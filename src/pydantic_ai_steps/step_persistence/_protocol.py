@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from ._records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
@@ -46,3 +47,25 @@ class StepStore(Protocol):
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None: ...
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]: ...
+
+
+@runtime_checkable
+class RecordBatchStore(StepStore, Protocol):
+    """A `StepStore` that can also write several records as one unit (optional).
+
+    `write_records` must be equivalent to `save_snapshot(snapshot)`, then `record_tool_effect`
+    for each tool effect, then `append_event` for each event, in that order, with the same
+    idempotency rules; a store with transactions makes it one. The capability uses it, when a
+    store offers it and no durability engine journals its calls one by one, to write a step's
+    informational events and closed ledger entries together with the next write that must
+    happen anyway (a ledger `started` entry or a boundary snapshot), so a tool cycle costs two
+    writes instead of eight.
+    """
+
+    async def write_records(
+        self,
+        *,
+        snapshot: ContinuableSnapshot | None = None,
+        tool_effects: Sequence[ToolEffectRecord] = (),
+        events: Sequence[StepEvent] = (),
+    ) -> None: ...

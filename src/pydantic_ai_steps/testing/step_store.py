@@ -47,6 +47,7 @@ from pydantic_ai.messages import (
 
 from ..step_persistence import (
     ContinuableSnapshot,
+    RecordBatchStore,
     RunAlreadyExistsError,
     RunRecord,
     StepEvent,
@@ -350,6 +351,50 @@ class StepStoreConformance:
         assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)] == ['c2']
         assert await store.get_tool_effect(run_id=run_id, tool_call_id='missing') is None
         assert await store.list_unresolved_tool_effects(run_id=new_run_id('unknown')) == []
+
+    # --- several records at once (optional) ----------------------------------------------------
+
+    @pytest.mark.anyio
+    async def test_write_records_equals_the_single_calls(self, store: StepStore) -> None:
+        """`write_records` (if the store offers it) stores what the single calls would, keys included."""
+        if not isinstance(store, RecordBatchStore):
+            pytest.skip('this store does not offer write_records')
+        run_id = new_run_id()
+        await store.register_run(RunRecord(run_id=run_id, started_at=T0))
+
+        def event(index: int, kind: Any) -> StepEvent:
+            key = f'{index}:{kind}'
+            return StepEvent(run_id=run_id, kind=kind, step_index=index, timestamp=T0, idempotency_key=key)
+
+        started = ToolEffectRecord(tool_call_id='c1', tool_name='t', run_id=run_id, status='started', started_at=T0)
+        await store.write_records(
+            tool_effects=[started], events=[event(0, 'model_request_started'), event(1, 'tool_call_started')]
+        )
+        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)] == ['c1']
+        done = ToolEffectRecord(
+            tool_call_id='c1', tool_name='t', run_id=run_id, status='completed', started_at=T0, ended_at=T0
+        )
+        await store.write_records(
+            snapshot=snapshot(run_id, tool_cycle(), idempotency_key='s1'),
+            tool_effects=[done],
+            events=[event(1, 'tool_call_started'), event(2, 'tool_call_completed'), event(2, 'tool_call_completed')],
+        )
+        # A replayed batch: every key is applied once, the upsert is idempotent.
+        await store.write_records(
+            snapshot=snapshot(run_id, tool_cycle(), idempotency_key='s1'),
+            tool_effects=[done],
+            events=[event(2, 'tool_call_completed')],
+        )
+        assert await store.list_unresolved_tool_effects(run_id=run_id) == []
+        assert await store.get_tool_effect(run_id=run_id, tool_call_id='c1') == done
+        assert [(e.step_index, e.kind) for e in await store.list_events(run_id=run_id)] == [
+            (0, 'model_request_started'),
+            (1, 'tool_call_started'),
+            (2, 'tool_call_completed'),
+        ]
+        snapshots = await all_snapshots(store, run_id)
+        assert len(snapshots) == 1 and dump(snapshots[0].messages) == dump(tool_cycle())
+        await store.write_records()  # nothing to write is fine
 
     # --- durability -------------------------------------------------------------------------
 

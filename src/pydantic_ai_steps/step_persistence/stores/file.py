@@ -51,11 +51,11 @@ import sys
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from ...media._protocol import MediaStore
 from .._codec import (
@@ -198,9 +198,7 @@ class FileStepStore:
     # --- events -----------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
-        check_file_safe_run_id(event.run_id)
-        line = _line(event_to_dict(event))
-        await run_soon(self._append_event, event.run_id, event.idempotency_key, line, inline=not self.durable)
+        await self._append_events([event])
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         check_file_safe_run_id(run_id)
@@ -211,6 +209,26 @@ class FileStepStore:
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         check_file_safe_run_id(snapshot.run_id)
         await self._log.save(snapshot, self._write_prepared)
+
+    async def write_records(
+        self,
+        *,
+        snapshot: ContinuableSnapshot | None = None,
+        tool_effects: Sequence[ToolEffectRecord] = (),
+        events: Sequence[StepEvent] = (),
+    ) -> None:
+        """The snapshot, then the tool effects, then the events (see `RecordBatchStore`).
+
+        Three files, written in that order, each with one append per run: a crash in between
+        leaves a snapshot whose ledger entries still say `started` (the call is then reported as
+        possibly done, which it is), never a closed entry whose result no snapshot holds.
+        """
+        if snapshot is not None:
+            await self.save_snapshot(snapshot)
+        if tool_effects:
+            await self._record_tool_effects(tool_effects)
+        if events:
+            await self._append_events(events)
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         check_file_safe_run_id(run_id)
@@ -228,8 +246,7 @@ class FileStepStore:
     # --- tool effects -----------------------------------------------------------------------
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        check_file_safe_run_id(record.run_id)
-        await run_soon(self._record_tool_effect, copy.copy(record), inline=not self.durable)
+        await self._record_tool_effects([record])
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         check_file_safe_run_id(run_id)
@@ -239,7 +256,17 @@ class FileStepStore:
         check_file_safe_run_id(run_id)
         return await run_soon(self._list_unresolved, run_id)
 
-    # === blocking bodies (worker threads) =====================================================
+    async def _append_events(self, events: Sequence[StepEvent]) -> None:
+        for run_id, batch in _by_run(events):
+            lines = [(event.idempotency_key, _line(event_to_dict(event))) for event in batch]
+            await run_soon(self._append_event_lines, run_id, lines, inline=not self.durable)
+
+    async def _record_tool_effects(self, records: Sequence[ToolEffectRecord]) -> None:
+        for run_id, batch in _by_run(records):
+            copies = [copy.copy(record) for record in batch]
+            await run_soon(self._append_effects, run_id, copies, inline=not self.durable)
+
+    # === blocking bodies (worker threads, or the event loop when nothing waits) ===============
 
     def _run_dir(self, run_id: str) -> Path:
         return self._root / run_id
@@ -288,17 +315,26 @@ class FileStepStore:
             logger.warning('unreadable run record %s; using its index entry', path, exc_info=True)
             return self._index.record_from_index(run_id)
 
-    def _append_event(self, run_id: str, key: str | None, line: bytes) -> None:
+    def _append_event_lines(self, run_id: str, lines: list[tuple[str | None, bytes]]) -> None:
+        """Append events as one write, skipping those whose idempotency key the run already has."""
         state = self._state(run_id)
         path = state.paths.events
         with held(state.lock), _append_locked(path, durable=self.durable) as appender:
-            if key is not None:
+            if any(key is not None for key, _ in lines):
                 state.events.sync_fd(appender.fd, path, state.add_event_lines)
-                if key in state.event_keys:
-                    return
-            appender.write(line, self.durable)
-            if state.events.follows(appender) and key is not None:
-                state.event_keys.add(key)
+            fresh: list[bytes] = []
+            new_keys: set[str] = set()
+            for key, line in lines:
+                if key is not None:
+                    if key in state.event_keys or key in new_keys:
+                        continue
+                    new_keys.add(key)
+                fresh.append(line)
+            if not fresh:
+                return
+            appender.write(b''.join(fresh), self.durable)
+            if state.events.follows(appender):
+                state.event_keys.update(new_keys)
 
     def _list_events(self, run_id: str) -> list[StepEvent]:
         path = self._run_dir(run_id) / EVENTS_FILE
@@ -310,13 +346,14 @@ class FileStepStore:
                 logger.warning('skipping unreadable event line in %s: %r', path, line[:200], exc_info=True)
         return events
 
-    def _record_tool_effect(self, record: ToolEffectRecord) -> None:
-        state = self._state(record.run_id)
+    def _append_effects(self, run_id: str, records: list[ToolEffectRecord]) -> None:
+        state = self._state(run_id)
         path = state.paths.effects
         with held(state.lock), _append_locked(path, durable=self.durable) as appender:
-            appender.write(_line(tool_effect_to_dict(record)), self.durable)
+            appender.write(b''.join(_line(tool_effect_to_dict(record)) for record in records), self.durable)
             if state.effects_tail.follows(appender):
-                state.effects[record.tool_call_id] = record
+                for record in records:
+                    state.effects[record.tool_call_id] = record
 
     def _get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         state = self._state(run_id)
@@ -441,6 +478,18 @@ class FileStepStore:
         run_dir = self._run_dir(run_id)
         seqs = sorted(_snapshot_seqs(run_dir / SNAPSHOTS_DIR))
         return list(_resolved_snapshots(run_dir, seqs, include_interrupted))
+
+
+_Recorded = TypeVar('_Recorded', StepEvent, ToolEffectRecord)
+
+
+def _by_run(records: Sequence[_Recorded]) -> list[tuple[str, list[_Recorded]]]:
+    """Records grouped by run (checking each run id), in their order within a run."""
+    groups: dict[str, list[_Recorded]] = {}
+    for record in records:
+        check_file_safe_run_id(record.run_id)
+        groups.setdefault(record.run_id, []).append(record)
+    return list(groups.items())
 
 
 # === per-run cache ============================================================================

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 from pydantic_ai.messages import ModelMessage
 
@@ -92,6 +93,21 @@ class InMemoryStepStore:
         keep = snapshots_to_keep(((s, snap.state) for s, snap in entries), self.max_snapshots_per_run)
         if keep is not None:
             entries[:] = [(s, snap) for s, snap in entries if s in keep]
+
+    async def write_records(
+        self,
+        *,
+        snapshot: ContinuableSnapshot | None = None,
+        tool_effects: Sequence[ToolEffectRecord] = (),
+        events: Sequence[StepEvent] = (),
+    ) -> None:
+        """The snapshot, then the tool effects, then the events (see `RecordBatchStore`)."""
+        if snapshot is not None:
+            await self.save_snapshot(snapshot)
+        for record in tool_effects:
+            await self.record_tool_effect(record)
+        for event in events:
+            await self.append_event(event)
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         for _, snapshot in reversed(self._snapshots.get(run_id, [])):

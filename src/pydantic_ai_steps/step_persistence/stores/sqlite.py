@@ -22,6 +22,7 @@ SQLite itself (`BEGIN IMMEDIATE`, 30 s busy timeout); WAL lets readers run along
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
-from ..._sqlite import enable_wal, require_cross_thread_use
+from ..._sqlite import BackgroundCheckpointer, enable_wal, require_cross_thread_use
 from ...media._protocol import MediaStore
 from .._codec import (
     event_from_dict,
@@ -98,6 +99,16 @@ _EFFECT_COLUMNS: tuple[str, ...] = (
     'idempotency_key',
     'effect_summary',
 )
+_INSERT_EVENT = (
+    f'INSERT INTO events ({", ".join(_EVENT_COLUMNS)}) VALUES ({", ".join("?" * len(_EVENT_COLUMNS))}) '
+    'ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING'
+)
+_UPSERT_EFFECT = (
+    f'INSERT INTO tool_effects ({", ".join(_EFFECT_COLUMNS)}) VALUES ({", ".join("?" * len(_EFFECT_COLUMNS))}) '
+    f'ON CONFLICT (run_id, tool_call_id) DO UPDATE SET '
+    f'{", ".join(f"{column} = excluded.{column}" for column in _EFFECT_COLUMNS[2:])}'
+)
+_Row = tuple[object, ...]
 _SNAPSHOT_COLUMNS: tuple[str, ...] = (
     'seq',
     'step_index',
@@ -164,6 +175,10 @@ _BUSY_TIMEOUT_MS = 30_000
 _CHECKPOINT_EVERY = 256
 """Commits between WAL checkpoints on the store's own connection (SQLite's default is about as
 many pages: 1000, and a commit here writes a few)."""
+_WAL_LIMIT_BYTES = 64 << 20
+"""A WAL file this large when a checkpoint is due is checkpointed and truncated on the store's own
+connection, between two of its writes. The background checkpoints let the WAL start over from
+its beginning, but only when one finishes while nobody appends, and the file never shrinks."""
 
 
 class SqliteStepStore:
@@ -240,6 +255,12 @@ class SqliteStepStore:
         self._log = MessageLog(media_store, threshold)
         self._schema_ready = False
         self._commits_since_checkpoint = 0
+        self._wal_too_long = False
+        self._checkpointer = (
+            BackgroundCheckpointer(self._database, 'pydantic-ai-steps-checkpoint')
+            if self._database is not None and self._database != _MEMORY
+            else None
+        )
 
     def __repr__(self) -> str:
         where = f'database={self._database!r}' if self._database is not None else 'connection=<caller-owned>'
@@ -251,13 +272,16 @@ class SqliteStepStore:
     def close(self) -> None:
         """Close the connection this store opened (a caller's `connection=` is left open).
 
-        The default media store's own connection is closed too. A later call reopens both.
+        The default media store's own connection is closed too, and a background checkpoint is
+        waited for. A later call reopens both.
         """
         with self._lock:
             if self._owns_connection and self._connection is not None:
                 self._connection.close()
                 self._connection = None
                 self._schema_ready = False
+        if self._checkpointer is not None:
+            self._checkpointer.wait()
         close = getattr(self._owned_media, 'close', None)
         if callable(close):
             close()
@@ -282,21 +306,8 @@ class SqliteStepStore:
     # --- events -----------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
-        values = (
-            event.run_id,
-            event.kind,
-            event.step_index,
-            event.timestamp.isoformat(),
-            event.conversation_id,
-            event.parent_run_id,
-            event.agent_name,
-            event.tool_call_id,
-            event.tool_name,
-            event.error,
-            _metadata_text(event.metadata),
-            event.idempotency_key,
-        )
-        await self._run(lambda conn: self._append_event(conn, values))
+        rows = [_event_row(event)]
+        await self._run(lambda conn: self._insert_rows(conn, [], rows))
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         return await self._run(lambda conn: self._list_events(conn, run_id), inline=False)
@@ -304,7 +315,22 @@ class SqliteStepStore:
     # --- snapshots --------------------------------------------------------------------------
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._log.save(snapshot, self._write_prepared)
+        await self._log.save(snapshot, partial(self._write_prepared, effects=[], events=[]))
+
+    async def write_records(
+        self,
+        *,
+        snapshot: ContinuableSnapshot | None = None,
+        tool_effects: Sequence[ToolEffectRecord] = (),
+        events: Sequence[StepEvent] = (),
+    ) -> None:
+        """The snapshot, the tool effects and the events in one transaction (see `RecordBatchStore`)."""
+        effect_rows = [_effect_row(record) for record in tool_effects]
+        event_rows = [_event_row(event) for event in events]
+        if snapshot is None:
+            await self._run(lambda conn: self._insert_rows(conn, effect_rows, event_rows))
+        else:
+            await self._log.save(snapshot, partial(self._write_prepared, effects=effect_rows, events=event_rows))
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         return await self._log.newest_readable(
@@ -323,17 +349,8 @@ class SqliteStepStore:
     # --- tool effects -----------------------------------------------------------------------
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        values = (
-            record.run_id,
-            record.tool_call_id,
-            record.tool_name,
-            record.status,
-            record.started_at.isoformat(),
-            record.ended_at.isoformat() if record.ended_at is not None else None,
-            record.idempotency_key,
-            record.effect_summary,
-        )
-        await self._run(lambda conn: self._record_tool_effect(conn, values))
+        rows = [_effect_row(record)]
+        await self._run(lambda conn: self._insert_rows(conn, rows, []))
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         return await self._run(lambda conn: self._get_tool_effect(conn, run_id, tool_call_id))
@@ -385,13 +402,16 @@ class SqliteStepStore:
         records.sort(key=lambda record: record.started_at)
         return records
 
-    def _append_event(self, conn: sqlite3.Connection, values: tuple[object, ...]) -> None:
-        with self._write(conn):
-            conn.execute(
-                f'INSERT INTO events ({", ".join(_EVENT_COLUMNS)}) VALUES ({", ".join("?" * len(_EVENT_COLUMNS))}) '
-                'ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING',
-                values,
-            )
+    def _insert_rows(self, conn: sqlite3.Connection, effects: list[_Row], events: list[_Row]) -> None:
+        """Upsert tool effects and append events (a duplicate idempotency key is skipped)."""
+        with self._write(conn, immediate=len(effects) + len(events) > 1):
+            self._insert(conn, effects, events)
+
+    def _insert(self, conn: sqlite3.Connection, effects: list[_Row], events: list[_Row]) -> None:
+        if effects:
+            conn.executemany(_UPSERT_EFFECT, effects)
+        if events:
+            conn.executemany(_INSERT_EVENT, events)
 
     def _list_events(self, conn: sqlite3.Connection, run_id: str) -> list[StepEvent]:
         rows = conn.execute(
@@ -406,15 +426,6 @@ class SqliteStepStore:
             except ValueError:
                 logger.warning('skipping unreadable event row %s of run %r', row[0], run_id, exc_info=True)
         return events
-
-    def _record_tool_effect(self, conn: sqlite3.Connection, values: tuple[object, ...]) -> None:
-        updates = ', '.join(f'{column} = excluded.{column}' for column in _EFFECT_COLUMNS[2:])
-        with self._write(conn):
-            conn.execute(
-                f'INSERT INTO tool_effects ({", ".join(_EFFECT_COLUMNS)}) VALUES ({", ".join("?" * 8)}) '
-                f'ON CONFLICT (run_id, tool_call_id) DO UPDATE SET {updates}',
-                values,
-            )
 
     def _get_tool_effect(self, conn: sqlite3.Connection, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         row = conn.execute(
@@ -433,66 +444,69 @@ class SqliteStepStore:
 
     # --- snapshot writes --------------------------------------------------------------------
 
-    async def _write_prepared(self, prepared: PreparedSnapshot) -> WriteOutcome:
+    async def _write_prepared(
+        self, prepared: PreparedSnapshot, *, effects: list[_Row], events: list[_Row]
+    ) -> WriteOutcome:
         try:
-            return await self._run(lambda conn: self._write_snapshot(conn, prepared))
+            return await self._run(lambda conn: self._write_snapshot(conn, prepared, effects, events))
         except BaseException:
             # The outcome is unknown: the next save of this run rewrites its history in full.
             self._log.forget(prepared.snapshot.run_id)
             raise
 
-    def _write_snapshot(self, conn: sqlite3.Connection, prepared: PreparedSnapshot) -> WriteOutcome:
-        """One transaction: key check, message appends, snapshot row, retention."""
+    def _write_snapshot(
+        self, conn: sqlite3.Connection, prepared: PreparedSnapshot, effects: list[_Row], events: list[_Row]
+    ) -> WriteOutcome:
+        """One transaction: key check, message appends, snapshot row, retention, then the other rows."""
         try:
-            return self._write_snapshot_rows(conn, prepared)
+            with self._write(conn, immediate=True):
+                outcome = self._write_snapshot_rows(conn, prepared)
+                self._insert(conn, effects, events)
+            return outcome
         except _Stale:
             return STALE
 
     def _write_snapshot_rows(self, conn: sqlite3.Connection, prepared: PreparedSnapshot) -> int | Literal['suppressed']:
         snapshot = prepared.snapshot
         run_id, key = snapshot.run_id, snapshot.idempotency_key
-        with self._write(conn, immediate=True):
-            if key is not None:
-                claimed = conn.execute(
-                    'INSERT INTO snapshot_keys (run_id, idempotency_key) VALUES (?, ?) ON CONFLICT DO NOTHING',
-                    (run_id, key),
-                )
-                if claimed.rowcount == 0:
-                    return SUPPRESSED
-            (end,) = conn.execute(
-                'SELECT COALESCE(MAX(log_index) + 1, 0) FROM messages WHERE run_id = ?', (run_id,)
-            ).fetchone()
-            if prepared.known_log_size is not None and prepared.known_log_size != end:
-                raise _Stale
-            if prepared.appends:
-                conn.executemany(
-                    'INSERT INTO messages (run_id, log_index, position, message) VALUES (?, ?, ?, ?)',
-                    [
-                        (run_id, end + offset, position, text)
-                        for offset, (position, text) in enumerate(prepared.appends)
-                    ],
-                )
-            log_size = end + len(prepared.appends)
-            reference = json.dumps({'message_count': prepared.message_count, 'log_size': log_size})
-            conn.execute(
-                'INSERT INTO snapshots (run_id, step_index, conversation_id, parent_run_id, agent_name, timestamp, '
-                'state, messages, idempotency_key, message_count, log_size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
-                (
-                    run_id,
-                    snapshot.step_index,
-                    snapshot.conversation_id,
-                    snapshot.parent_run_id,
-                    snapshot.agent_name,
-                    snapshot.timestamp.isoformat(),
-                    snapshot.state,
-                    reference,
-                    key,
-                    prepared.message_count,
-                    log_size,
-                ),
+        if key is not None:
+            claimed = conn.execute(
+                'INSERT INTO snapshot_keys (run_id, idempotency_key) VALUES (?, ?) ON CONFLICT DO NOTHING',
+                (run_id, key),
             )
-            if self.max_snapshots_per_run is not None:
-                self._prune(conn, run_id, self.max_snapshots_per_run)
+            if claimed.rowcount == 0:
+                return SUPPRESSED
+        (end,) = conn.execute(
+            'SELECT COALESCE(MAX(log_index) + 1, 0) FROM messages WHERE run_id = ?', (run_id,)
+        ).fetchone()
+        if prepared.known_log_size is not None and prepared.known_log_size != end:
+            raise _Stale
+        if prepared.appends:
+            conn.executemany(
+                'INSERT INTO messages (run_id, log_index, position, message) VALUES (?, ?, ?, ?)',
+                [(run_id, end + offset, position, text) for offset, (position, text) in enumerate(prepared.appends)],
+            )
+        log_size = end + len(prepared.appends)
+        reference = json.dumps({'message_count': prepared.message_count, 'log_size': log_size})
+        conn.execute(
+            'INSERT INTO snapshots (run_id, step_index, conversation_id, parent_run_id, agent_name, timestamp, '
+            'state, messages, idempotency_key, message_count, log_size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+            (
+                run_id,
+                snapshot.step_index,
+                snapshot.conversation_id,
+                snapshot.parent_run_id,
+                snapshot.agent_name,
+                snapshot.timestamp.isoformat(),
+                snapshot.state,
+                reference,
+                key,
+                prepared.message_count,
+                log_size,
+            ),
+        )
+        if self.max_snapshots_per_run is not None:
+            self._prune(conn, run_id, self.max_snapshots_per_run)
         return log_size
 
     def _prune(self, conn: sqlite3.Connection, run_id: str, limit: int) -> None:
@@ -603,19 +617,20 @@ class SqliteStepStore:
             return body(conn)
         conn.execute(f'PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}')
         try:
-            result = body(conn)
-            if self._commits_since_checkpoint >= _CHECKPOINT_EVERY:
-                conn.execute('PRAGMA wal_checkpoint(PASSIVE)')
-                self._commits_since_checkpoint = 0
-            return result
+            if self._wal_too_long and self._checkpointer is not None:
+                self._checkpointer.wait()  # a running checkpoint would make this one give up at once
+                conn.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchall()
+                self._wal_too_long = False
+            return body(conn)
         finally:
             conn.execute('PRAGMA busy_timeout = 0')
+            self._checkpoint_when_due()
 
     def _without_waiting(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
         """On the event loop: the connection's busy timeout is 0, so a held write lock raises at once."""
         conn = self._connection
-        if conn is None or not self._schema_ready or self._commits_since_checkpoint >= _CHECKPOINT_EVERY:
-            raise WouldBlock  # opening, migrating and checkpointing are a worker's job
+        if conn is None or not self._schema_ready or self._wal_too_long:
+            raise WouldBlock  # opening, migrating and a checkpoint on this connection are a worker's job
         try:
             return body(conn)
         except sqlite3.OperationalError as error:
@@ -624,6 +639,18 @@ class SqliteStepStore:
             if conn.in_transaction:  # the store's own connection: any open transaction is ours
                 conn.execute('ROLLBACK')
             raise WouldBlock from None
+        finally:
+            self._checkpoint_when_due()
+
+    def _checkpoint_when_due(self) -> None:
+        """Every `_CHECKPOINT_EVERY` commits, have the WAL checkpointed on a thread of its own."""
+        if self._commits_since_checkpoint >= _CHECKPOINT_EVERY:
+            self._commits_since_checkpoint = 0
+            if self._checkpointer is not None and self._database is not None:
+                with contextlib.suppress(OSError):
+                    self._wal_too_long = os.stat(f'{self._database}-wal').st_size > _WAL_LIMIT_BYTES
+                if not self._wal_too_long:
+                    self._checkpointer.request()
 
     def _conn(self) -> sqlite3.Connection:
         """The connection, opened and migrated on first use. Call under the lock."""
@@ -637,8 +664,8 @@ class SqliteStepStore:
             )
             enable_wal(conn)
             conn.execute(f'PRAGMA synchronous={"FULL" if self.durable else "NORMAL"}')
-            # Checkpoints (which flush to disk) run on a worker every `_CHECKPOINT_EVERY` commits,
-            # never inside a commit made on the event loop.
+            # Checkpoints flush to disk: they run on a thread of their own every
+            # `_CHECKPOINT_EVERY` commits, never inside a commit (see `BackgroundCheckpointer`).
             conn.execute('PRAGMA wal_autocheckpoint = 0')
             self._connection = conn
         if not self._schema_ready:
@@ -828,6 +855,38 @@ def _decode_effect(row: tuple[Any, ...]) -> ToolEffectRecord | None:
     except ValueError:
         logger.warning('skipping unreadable tool effect row %r/%r', data['run_id'], data['tool_call_id'], exc_info=True)
         return None
+
+
+def _event_row(event: StepEvent) -> _Row:
+    """`event` as values for `_EVENT_COLUMNS`."""
+    return (
+        event.run_id,
+        event.kind,
+        event.step_index,
+        event.timestamp.isoformat(),
+        event.conversation_id,
+        event.parent_run_id,
+        event.agent_name,
+        event.tool_call_id,
+        event.tool_name,
+        event.error,
+        _metadata_text(event.metadata),
+        event.idempotency_key,
+    )
+
+
+def _effect_row(record: ToolEffectRecord) -> _Row:
+    """`record` as values for `_EFFECT_COLUMNS`."""
+    return (
+        record.run_id,
+        record.tool_call_id,
+        record.tool_name,
+        record.status,
+        record.started_at.isoformat(),
+        record.ended_at.isoformat() if record.ended_at is not None else None,
+        record.idempotency_key,
+        record.effect_summary,
+    )
 
 
 def _metadata_text(metadata: dict[str, str]) -> str:
