@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic_ai.messages import (
     BinaryContent,
     ModelMessage,
+    ModelMessagesTypeAdapter,
     ModelRequest,
     ModelResponse,
     TextPart,
@@ -30,6 +31,7 @@ from pydantic_ai_steps.step_persistence._history import (
     TAIL,
     HistoryTracker,
     LogEntry,
+    MessageAdapter,
     apply_patch,
     is_patch,
     make_patch,
@@ -38,6 +40,7 @@ from pydantic_ai_steps.step_persistence._history import (
     resolve_history,
 )
 from pydantic_ai_steps.step_persistence._message_log import MessageLog, PreparedSnapshot
+from pydantic_ai_steps.testing.step_store import message_strategy
 
 
 def history(length: int) -> list[ModelMessage]:
@@ -487,3 +490,12 @@ def test_every_snapshot_resolves_to_what_was_saved(script: list[str]) -> None:
             assert resolve_history(store.log, count, size) == texts
 
     asyncio.run(main())
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(message_strategy(), min_size=1, max_size=4))
+def test_message_to_json_is_the_union_adapters_bytes(messages: list[ModelMessage]) -> None:
+    """The per-class fast path writes exactly what pydantic-ai's own adapter writes."""
+    for message in messages:
+        assert message_to_json(message) == MessageAdapter.dump_json(message).decode()
+    assert '[' + ','.join(map(message_to_json, messages)) + ']' == ModelMessagesTypeAdapter.dump_json(messages).decode()

@@ -44,7 +44,7 @@ from json.scanner import make_scanner
 from typing import Any, Generic, TypeVar, cast
 
 import pydantic
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
 
 MessageAdapter: pydantic.TypeAdapter[ModelMessage] = pydantic.TypeAdapter(
     ModelMessage, config=pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64')
@@ -52,7 +52,22 @@ MessageAdapter: pydantic.TypeAdapter[ModelMessage] = pydantic.TypeAdapter(
 """One message to/from compact JSON, byte-identical to its element in `ModelMessagesTypeAdapter`."""
 
 
+_CONFIG = pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64')
+_REQUESTS: pydantic.TypeAdapter[list[ModelRequest]] = pydantic.TypeAdapter(list[ModelRequest], config=_CONFIG)
+_RESPONSES: pydantic.TypeAdapter[list[ModelResponse]] = pydantic.TypeAdapter(list[ModelResponse], config=_CONFIG)
+
+
 def message_to_json(message: ModelMessage) -> str:
+    """`MessageAdapter.dump_json(message)`, as text, at half the cost for a response.
+
+    pydantic-core serializes a union by trying its members in turn, so a `ModelResponse` pays
+    for a failed attempt as a `ModelRequest` first. A one-element list of the concrete class
+    gives the same bytes inside its brackets.
+    """
+    if type(message) is ModelRequest:
+        return _REQUESTS.dump_json([message])[1:-1].decode()
+    if type(message) is ModelResponse:
+        return _RESPONSES.dump_json([message])[1:-1].decode()
     return MessageAdapter.dump_json(message).decode()
 
 
