@@ -130,3 +130,40 @@ def test_bad_threshold_is_rejected(tmp_path: Path) -> None:
             FileStepStore(tmp_path / 'runs', media_threshold_bytes=bad)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match='media_threshold_bytes'):
             SqliteStepStore(database=tmp_path / 'runs.db', media_threshold_bytes=bad)  # type: ignore[arg-type]
+
+
+class CountingMedia(DiskMediaStore):
+    puts = 0
+
+    async def put(self, data: bytes, **options: Any) -> str:
+        self.puts += 1
+        return await super().put(data, **options)
+
+
+@pytest.mark.parametrize('kind', STORES)
+async def test_bytes_this_process_stored_are_not_sent_again(kind: str, tmp_path: Path) -> None:
+    """An image sent in every run reaches the media store once per process; another image does too."""
+    media = CountingMedia(tmp_path / 'media')
+    store = (
+        FileStepStore(tmp_path / 'runs', media_store=media)
+        if kind == 'file'
+        else SqliteStepStore(database=tmp_path / 'runs.db', media_store=media)
+    )
+    image = BinaryContent(IMAGE, media_type='image/png')
+    other = BinaryContent(IMAGE[::-1], media_type='image/png')
+    for index in range(3):
+        await run_agent(store, [f'Describe image {index}', image])
+    await run_agent(store, ['Describe the other', other])
+    assert media.puts == 2
+    # A fresh process (store) puts again: what it knows is only what it stored itself.
+    fresh_media = CountingMedia(tmp_path / 'media')
+    fresh = (
+        FileStepStore(tmp_path / 'runs', media_store=fresh_media)
+        if kind == 'file'
+        else SqliteStepStore(database=tmp_path / 'runs.db', media_store=fresh_media)
+    )
+    run_id = await run_agent(fresh, ['Once more', image])
+    assert fresh_media.puts == 1
+    snapshot = await fresh.latest_snapshot(run_id=run_id)
+    assert snapshot is not None
+    assert snapshot.messages[0].parts[0].content[1].data == IMAGE  # type: ignore[union-attr, index]

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,7 +25,7 @@ from pydantic_ai.messages import BinaryContent, ModelMessage
 
 from ..media._context import MediaContext
 from ..media._protocol import MediaStore
-from ..media._uri import parse_media_uri
+from ..media._uri import parse_media_uri, uri_for_digest
 from ..media._walker import externalize_tree, has_markers, might_need_externalizing, restore_media
 from ._history import (
     TAIL,
@@ -101,6 +103,8 @@ class MessageLog:
     def __init__(self, media_store: MediaStore | None, threshold_bytes: int) -> None:
         self.media_store = media_store
         self.threshold_bytes = threshold_bytes
+        self._stored_blobs: OrderedDict[bytes, None] = OrderedDict()
+        """Digests this process has put in `media_store` (bounded, most recent last)."""
         self._tracker: HistoryTracker[bytes] = HistoryTracker()
 
     async def prepare(self, snapshot: ContinuableSnapshot) -> PreparedSnapshot:
@@ -273,8 +277,18 @@ class MessageLog:
         if len(binary.data) < self.threshold_bytes:
             return binary
         assert self.media_store is not None
-        media_type = binary.media_type if isinstance(binary.media_type, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
-        uri = await self.media_store.put(binary.data, context=MediaContext(media_type=media_type))
+        digest = hashlib.sha256(binary.data).digest()
+        if digest in self._stored_blobs:
+            # Content-addressed and never deleted by any store: the same bytes (say, an image sent
+            # in every turn) are not sent to the media store again.
+            self._stored_blobs.move_to_end(digest)
+            uri = uri_for_digest(digest.hex())
+        else:
+            media_type = binary.media_type if isinstance(binary.media_type, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
+            uri = await self.media_store.put(binary.data, context=MediaContext(media_type=media_type))
+            self._stored_blobs[bytes.fromhex(parse_media_uri(uri))] = None
+            if len(self._stored_blobs) > _STORED_BLOBS_REMEMBERED:
+                self._stored_blobs.popitem(last=False)
         placeholder = _PLACEHOLDER_PREFIX + bytes.fromhex(parse_media_uri(uri))
         stand_in = copy.copy(binary)
         stand_in._identifier = binary.identifier  # pyright: ignore[reportPrivateUsage]
@@ -288,6 +302,7 @@ class MessageLog:
         return _compact(tree)
 
 
+_STORED_BLOBS_REMEMBERED = 4096
 PATCH_RATIO = 2
 """A changed version is stored as a patch only if the patch is at most 1/PATCH_RATIO of its full text."""
 
