@@ -632,13 +632,12 @@ async def test_batched_writes_record_exactly_what_single_writes_record() -> None
 
     assert single.calls.count('append_event') == len(events[1])
     # Batched: registration, run_started, then per tool cycle one write before the tool (its
-    # `started` entry with the events so far), one read, one write at the boundary; the final
-    # boundary's snapshot, and run_completed.
+    # `started` entry with the events so far), one read, one write at the boundary; and the
+    # final boundary's snapshot together with run_completed.
     assert batched.calls == [
         'register_run',
         'write_records',
         *(['write_records', 'get_tool_effect', 'write_records'] * 2),
-        'write_records',
         'write_records',
     ]
 
@@ -679,3 +678,30 @@ async def test_batching_is_off_under_a_durability_engine() -> None:
         'step_persistence',
     )
     assert not free(SimpleNamespace(), 'step_persistence')  # pyright: ignore[reportArgumentType]
+
+
+@pytest.mark.parametrize('exploding_first', [True, False])
+async def test_final_boundary_is_written_even_if_the_run_fails_after_it(exploding_first: bool) -> None:
+    """Batched runs hold the last boundary for `after_run`; a failure after the boundary still writes it."""
+    from pydantic_ai.capabilities import AbstractCapability
+
+    @dataclass
+    class Exploding(AbstractCapability[None]):
+        async def after_run(self, ctx: RunContext[None], *, result: Any) -> Any:
+            raise RuntimeError('after_run exploded')
+
+    store = InMemoryStepStore()
+    persistence = StepPersistence[None](store=store, run_id='late-failure')
+    capabilities: list[Any] = [Exploding(), persistence] if exploding_first else [persistence, Exploding()]
+    agent = Agent(scripted([call('read_file', 'c1', path='a')], 'done'), capabilities=capabilities)
+
+    @agent.tool_plain
+    def read_file(path: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        return f'contents of {path}'
+
+    with pytest.raises(RuntimeError, match='after_run exploded'):
+        await agent.run('go')
+    snapshots = await store.list_snapshots(run_id='late-failure', include_interrupted=True)
+    assert [s.messages[-1].parts[0].part_kind for s in snapshots][-1] == 'text'  # the final answer is saved
+    events = [e.kind for e in await store.list_events(run_id='late-failure')]
+    assert events[-1] in ('run_completed', 'run_failed')

@@ -19,6 +19,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Tool
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
+from pydantic_graph import End
 
 from . import _context
 from ._errors import RunAlreadyExistsError
@@ -85,6 +86,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     """Whether records wait for the next write that must happen anyway (see `_flush`)."""
     _pending_events: list[StepEvent] = field(default_factory=list[StepEvent], init=False, repr=False)
     _pending_effects: list[ToolEffectRecord] = field(default_factory=list[ToolEffectRecord], init=False, repr=False)
+    _final_boundary: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
+    """Batched: the run's last boundary (history, step), written with `run_completed` by `after_run`."""
 
     @classmethod
     def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence[Any]:
@@ -398,13 +401,15 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             raise
 
     def _unchanged_since_last_save(self, messages: list[ModelMessage]) -> bool:
-        """Whether the final history is, message for message, the one last saved.
+        """Whether the final history is, message for message, the one last saved."""
+        return _same_messages(self._last_saved, messages)
 
-        Identity is enough here: nothing stamps messages once the run's last boundary has passed,
-        and a capability that rewrites the final history builds new message objects.
-        """
-        saved = self._last_saved
-        return saved is not None and len(saved) == len(messages) and all(map(operator.is_, saved, messages))
+    async def _write_final_boundary(self, ctx: RunContext[AgentDepsT]) -> None:
+        """Write the last boundary's snapshot if it is still waiting for `after_run`."""
+        if self._final_boundary is not None:
+            messages, step = self._final_boundary
+            self._final_boundary = None
+            await self._snapshot(ctx, messages, step, valid=True)
 
     # --- run lifecycle ----------------------------------------------------------------------
 
@@ -431,6 +436,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """Record `run_failed` for an exit no other hook saw; never mask the error that ended the run."""
         with anyio.CancelScope(shield=True):
             try:
+                await self._write_final_boundary(ctx)
                 await self._record(ctx, 'run_failed', error=_describe_exit(error))
             except Exception:
                 logger.warning('could not record run_failed for run %r', self.run_id, exc_info=True)
@@ -463,6 +469,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         request, as `Agent.run` would have saved them.
         """
         messages = _with_output_tool_returns(result.all_messages(), self._output_tool_names)
+        if self._final_boundary is not None and _same_messages(self._final_boundary[0], messages):
+            step = self._final_boundary[1]
+            self._final_boundary = None
+            await self._record(ctx, 'run_completed', defer=True)  # written with the snapshot
+            await self._snapshot(ctx, messages, step, valid=True)
+            return result
+        await self._write_final_boundary(ctx)
         if not self._unchanged_since_last_save(messages) and self._validity.check(messages):
             step = self._last_request_step if self._last_request_step is not None else ctx.run_step
             if self._batched:  # the closing event goes with the final snapshot
@@ -475,6 +488,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
         """Save the live history at the failure (state by validity), then record `run_failed`."""
+        await self._write_final_boundary(ctx)
         stashed = _context.live_history.get()
         if stashed is not None:
             live, step = stashed
@@ -583,7 +597,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             if isinstance(result, ModelRequestNode):
                 messages.append(result.request)
             if self._validity.check(messages):
-                await self._snapshot(ctx, messages, ctx.run_step, valid=True)
+                if self._batched and isinstance(result, End):
+                    # The run ends here: `after_run` writes this snapshot with `run_completed`.
+                    self._final_boundary = (messages, ctx.run_step)
+                else:
+                    await self._snapshot(ctx, messages, ctx.run_step, valid=True)
             elif self._pending_effects:
                 await self._flush()  # no settled boundary: close the ledger entries anyway
         return result
@@ -646,6 +664,13 @@ def _closed_entry(
         idempotency_key=prior.idempotency_key if prior is not None else None,
         effect_summary=prior.effect_summary if prior is not None and prior.effect_summary else error,
     )
+
+
+def _same_messages(saved: list[ModelMessage] | None, messages: list[ModelMessage]) -> bool:
+    """Message-for-message identity. Enough to tell a final history from the one saved at the last
+    boundary: nothing stamps messages once it has passed, and a capability that rewrites the final
+    history builds new message objects."""
+    return saved is not None and len(saved) == len(messages) and all(map(operator.is_, saved, messages))
 
 
 def _derive_run_id(agent_name: str | None, source: str | None, *, attempt: int) -> str:
