@@ -631,11 +631,10 @@ async def test_batched_writes_record_exactly_what_single_writes_record() -> None
         assert [e.status if e is not None else None for e in effects] == ['completed', 'completed']
 
     assert single.calls.count('append_event') == len(events[1])
-    # Batched: registration, run_started, then per tool cycle one write before the tool (its
-    # `started` entry with the events so far), one read, one write at the boundary; and the
+    # Batched: the registration with run_started, then per tool cycle one write before the tool
+    # (its `started` entry with the events so far), one read, one write at the boundary; and the
     # final boundary's snapshot together with run_completed.
     assert batched.calls == [
-        'register_run',
         'write_records',
         *(['write_records', 'get_tool_effect', 'write_records'] * 2),
         'write_records',
@@ -648,7 +647,7 @@ async def test_batched_ledger_entry_closes_with_the_snapshot_holding_the_result(
     closed_with: list[tuple[list[str], list[str]]] = []
     original = store.write_records
 
-    async def spying(*, snapshot: Any = None, tool_effects: Any = (), events: Any = ()) -> None:
+    async def spying(*, snapshot: Any = None, tool_effects: Any = (), events: Any = (), **rest: Any) -> None:
         if tool_effects and tool_effects[0].status != 'started':
             returns = [
                 part.tool_call_id
@@ -657,7 +656,7 @@ async def test_batched_ledger_entry_closes_with_the_snapshot_holding_the_result(
                 if part.part_kind == 'tool-return'
             ]
             closed_with.append(([e.tool_call_id for e in tool_effects], returns))
-        await original(snapshot=snapshot, tool_effects=tool_effects, events=events)
+        await original(snapshot=snapshot, tool_effects=tool_effects, events=events, **rest)
 
     store.write_records = spying  # type: ignore[method-assign]
     observed: list[str | None] = []

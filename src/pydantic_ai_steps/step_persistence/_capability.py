@@ -173,18 +173,23 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         registration_id: str,
     ) -> str:
         """Claim the run id; a derived id that clashes with an earlier run is drawn again."""
-        candidate = run_id
+        record = RunRecord(
+            run_id=run_id,
+            conversation_id=conversation_id,
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
+            metadata=dict(metadata),
+            registration_id=registration_id,
+        )
+        return await self._claim_run_id(record, self.store.register_run)
+
+    async def _claim_run_id(self, record: RunRecord, register: Callable[[RunRecord], Awaitable[None]]) -> str:
+        """`register(record)`, drawing a derived id again while it clashes with an earlier run."""
+        candidate = record.run_id
+        registration_id = record.registration_id
         for attempt in range(1, _DERIVED_ID_ATTEMPTS + 1):
-            record = RunRecord(
-                run_id=candidate,
-                conversation_id=conversation_id,
-                parent_run_id=parent_run_id,
-                agent_name=agent_name,
-                metadata=dict(metadata),
-                registration_id=registration_id,
-            )
             try:
-                await self.store.register_run(record)
+                await register(replace(record, run_id=candidate, metadata=dict(record.metadata)))
                 return candidate
             except RunAlreadyExistsError:
                 existing = await self.store.get_run(run_id=candidate)
@@ -443,6 +448,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
         self._batched = isinstance(self.store, RecordBatchStore) and _engine_free(ctx, self.id)
+        if self._batched:
+            await self._register_with_first_event(ctx)
+            return
         registration_id = await self._durably(ctx, 'registration_id', self._new_registration_id)
         run_id = await self._durably(
             ctx,
@@ -460,6 +468,42 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             _context.current_run_id.set(run_id)
         self._registered = True
         await self._record(ctx, 'run_started')
+
+    async def _register_with_first_event(self, ctx: RunContext[AgentDepsT]) -> None:
+        """Batched: register the run and record `run_started` in one write."""
+        store = cast(RecordBatchStore, self.store)
+        index = self._event_sequence
+        self._event_sequence += 1
+
+        async def register(record: RunRecord) -> None:
+            opening = _step_event(
+                run_id=record.run_id,
+                kind='run_started',
+                step_index=ctx.run_step,
+                conversation_id=ctx.conversation_id,
+                parent_run_id=self.parent_run_id,
+                agent_name=self.agent_name,
+                tool_call_id=None,
+                tool_name=None,
+                error=None,
+                metadata=dict(self.metadata),
+                event_index=index,
+            )
+            await store.write_records(run=record, events=[opening])
+
+        record = RunRecord(
+            run_id=self._run_id,
+            conversation_id=ctx.conversation_id,
+            parent_run_id=self.parent_run_id,
+            agent_name=self.agent_name,
+            metadata=dict(self.metadata),
+            registration_id=str(uuid.uuid4()),
+        )
+        run_id = await self._claim_run_id(record, register)
+        if run_id != self.run_id:
+            self.run_id = run_id
+            _context.current_run_id.set(run_id)
+        self._registered = True
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         """Save the final history unless the last boundary snapshot already holds it.

@@ -53,7 +53,8 @@ class StepStore(Protocol):
 class RecordBatchStore(StepStore, Protocol):
     """A `StepStore` that can also write several records as one unit (optional).
 
-    `write_records` must be equivalent to `save_snapshot(snapshot)`, then `record_tool_effect`
+    `write_records` must be equivalent to `register_run(run)` (raising `RunAlreadyExistsError`
+    before anything else is written), then `save_snapshot(snapshot)`, then `record_tool_effect`
     for each tool effect, then `append_event` for each event, in that order, with the same
     idempotency rules; a store with transactions makes it one. The capability uses it, when a
     store offers it and no durability engine journals its calls one by one, to write a step's
@@ -65,6 +66,7 @@ class RecordBatchStore(StepStore, Protocol):
     async def write_records(
         self,
         *,
+        run: RunRecord | None = None,
         snapshot: ContinuableSnapshot | None = None,
         tool_effects: Sequence[ToolEffectRecord] = (),
         events: Sequence[StepEvent] = (),

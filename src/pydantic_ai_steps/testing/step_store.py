@@ -360,12 +360,19 @@ class StepStoreConformance:
         if not isinstance(store, RecordBatchStore):
             pytest.skip('this store does not offer write_records')
         run_id = new_run_id()
-        await store.register_run(RunRecord(run_id=run_id, started_at=T0))
 
         def event(index: int, kind: Any) -> StepEvent:
             key = f'{index}:{kind}'
             return StepEvent(run_id=run_id, kind=kind, step_index=index, timestamp=T0, idempotency_key=key)
 
+        await store.write_records(run=RunRecord(run_id=run_id, started_at=T0), events=[event(0, 'run_started')])
+        # A clashing registration writes nothing at all.
+        with pytest.raises(RunAlreadyExistsError):
+            await store.write_records(
+                run=RunRecord(run_id=run_id, started_at=T0 + timedelta(days=1)), events=[event(9, 'run_started')]
+            )
+        record = await store.get_run(run_id=run_id)
+        assert record is not None and record.started_at == T0
         started = ToolEffectRecord(tool_call_id='c1', tool_name='t', run_id=run_id, status='started', started_at=T0)
         await store.write_records(
             tool_effects=[started], events=[event(0, 'model_request_started'), event(1, 'tool_call_started')]
@@ -388,6 +395,7 @@ class StepStoreConformance:
         assert await store.list_unresolved_tool_effects(run_id=run_id) == []
         assert await store.get_tool_effect(run_id=run_id, tool_call_id='c1') == done
         assert [(e.step_index, e.kind) for e in await store.list_events(run_id=run_id)] == [
+            (0, 'run_started'),
             (0, 'model_request_started'),
             (1, 'tool_call_started'),
             (2, 'tool_call_completed'),

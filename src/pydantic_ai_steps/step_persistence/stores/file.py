@@ -213,16 +213,19 @@ class FileStepStore:
     async def write_records(
         self,
         *,
+        run: RunRecord | None = None,
         snapshot: ContinuableSnapshot | None = None,
         tool_effects: Sequence[ToolEffectRecord] = (),
         events: Sequence[StepEvent] = (),
     ) -> None:
-        """The snapshot, then the tool effects, then the events (see `RecordBatchStore`).
+        """The run, the snapshot, the tool effects, then the events (see `RecordBatchStore`).
 
         Three files, written in that order, each with one append per run: a crash in between
         leaves a snapshot whose ledger entries still say `started` (the call is then reported as
         possibly done, which it is), never a closed entry whose result no snapshot holds.
         """
+        if run is not None:
+            await self.register_run(run)
         if snapshot is not None:
             await self.save_snapshot(snapshot)
         if tool_effects:

@@ -97,11 +97,14 @@ class InMemoryStepStore:
     async def write_records(
         self,
         *,
+        run: RunRecord | None = None,
         snapshot: ContinuableSnapshot | None = None,
         tool_effects: Sequence[ToolEffectRecord] = (),
         events: Sequence[StepEvent] = (),
     ) -> None:
-        """The snapshot, then the tool effects, then the events (see `RecordBatchStore`)."""
+        """The run, the snapshot, the tool effects, then the events (see `RecordBatchStore`)."""
+        if run is not None:
+            await self.register_run(run)
         if snapshot is not None:
             await self.save_snapshot(snapshot)
         for record in tool_effects:

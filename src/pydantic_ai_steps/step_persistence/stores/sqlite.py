@@ -30,7 +30,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
@@ -109,6 +109,20 @@ _UPSERT_EFFECT = (
     f'{", ".join(f"{column} = excluded.{column}" for column in _EFFECT_COLUMNS[2:])}'
 )
 _Row = tuple[object, ...]
+
+
+@dataclass
+class _Rows:
+    """What a write adds besides a snapshot: a run to register, tool effects, events."""
+
+    run: RunRecord | None = None
+    effects: list[_Row] = field(default_factory=list[_Row])
+    events: list[_Row] = field(default_factory=list[_Row])
+
+    def statements(self) -> int:
+        return (self.run is not None) + len(self.effects) + len(self.events)
+
+
 _SNAPSHOT_COLUMNS: tuple[str, ...] = (
     'seq',
     'step_index',
@@ -293,7 +307,8 @@ class SqliteStepStore:
     # --- runs -------------------------------------------------------------------------------
 
     async def register_run(self, record: RunRecord) -> None:
-        await self._run(lambda conn: self._register_run(conn, record))
+        rows = _Rows(run=record)
+        await self._run(lambda conn: self._insert_rows(conn, rows))
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         return await self._run(lambda conn: self._get_run(conn, run_id))
@@ -306,8 +321,8 @@ class SqliteStepStore:
     # --- events -----------------------------------------------------------------------------
 
     async def append_event(self, event: StepEvent) -> None:
-        rows = [_event_row(event)]
-        await self._run(lambda conn: self._insert_rows(conn, [], rows))
+        rows = _Rows(events=[_event_row(event)])
+        await self._run(lambda conn: self._insert_rows(conn, rows))
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         return await self._run(lambda conn: self._list_events(conn, run_id), inline=False)
@@ -315,22 +330,22 @@ class SqliteStepStore:
     # --- snapshots --------------------------------------------------------------------------
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._log.save(snapshot, partial(self._write_prepared, effects=[], events=[]))
+        await self._log.save(snapshot, partial(self._write_prepared, rows=_Rows()))
 
     async def write_records(
         self,
         *,
+        run: RunRecord | None = None,
         snapshot: ContinuableSnapshot | None = None,
         tool_effects: Sequence[ToolEffectRecord] = (),
         events: Sequence[StepEvent] = (),
     ) -> None:
-        """The snapshot, the tool effects and the events in one transaction (see `RecordBatchStore`)."""
-        effect_rows = [_effect_row(record) for record in tool_effects]
-        event_rows = [_event_row(event) for event in events]
+        """The run, the snapshot, the tool effects and the events in one transaction (see `RecordBatchStore`)."""
+        rows = _Rows(run, [_effect_row(record) for record in tool_effects], [_event_row(event) for event in events])
         if snapshot is None:
-            await self._run(lambda conn: self._insert_rows(conn, effect_rows, event_rows))
+            await self._run(lambda conn: self._insert_rows(conn, rows))
         else:
-            await self._log.save(snapshot, partial(self._write_prepared, effects=effect_rows, events=event_rows))
+            await self._log.save(snapshot, partial(self._write_prepared, rows=rows))
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         return await self._log.newest_readable(
@@ -349,8 +364,8 @@ class SqliteStepStore:
     # --- tool effects -----------------------------------------------------------------------
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        rows = [_effect_row(record)]
-        await self._run(lambda conn: self._insert_rows(conn, rows, []))
+        rows = _Rows(effects=[_effect_row(record)])
+        await self._run(lambda conn: self._insert_rows(conn, rows))
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         return await self._run(lambda conn: self._get_tool_effect(conn, run_id, tool_call_id))
@@ -360,7 +375,7 @@ class SqliteStepStore:
 
     # === blocking bodies (worker threads, under the lock) =====================================
 
-    def _register_run(self, conn: sqlite3.Connection, record: RunRecord) -> None:
+    def _insert_run(self, conn: sqlite3.Connection, record: RunRecord) -> None:
         values = (
             record.run_id,
             record.conversation_id,
@@ -371,8 +386,7 @@ class SqliteStepStore:
             record.registration_id,
         )
         try:
-            with self._write(conn):
-                conn.execute(f'INSERT INTO runs ({", ".join(_RUN_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?)', values)
+            conn.execute(f'INSERT INTO runs ({", ".join(_RUN_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?)', values)
         except sqlite3.IntegrityError as error:
             if 'runs.run_id' not in str(error):
                 raise
@@ -402,16 +416,18 @@ class SqliteStepStore:
         records.sort(key=lambda record: record.started_at)
         return records
 
-    def _insert_rows(self, conn: sqlite3.Connection, effects: list[_Row], events: list[_Row]) -> None:
-        """Upsert tool effects and append events (a duplicate idempotency key is skipped)."""
-        with self._write(conn, immediate=len(effects) + len(events) > 1):
-            self._insert(conn, effects, events)
+    def _insert_rows(self, conn: sqlite3.Connection, rows: _Rows) -> None:
+        """Register a run, upsert tool effects and append events (a duplicate event key is skipped)."""
+        with self._write(conn, immediate=rows.statements() > 1):
+            self._insert(conn, rows)
 
-    def _insert(self, conn: sqlite3.Connection, effects: list[_Row], events: list[_Row]) -> None:
-        if effects:
-            conn.executemany(_UPSERT_EFFECT, effects)
-        if events:
-            conn.executemany(_INSERT_EVENT, events)
+    def _insert(self, conn: sqlite3.Connection, rows: _Rows) -> None:
+        if rows.run is not None:
+            self._insert_run(conn, rows.run)
+        if rows.effects:
+            conn.executemany(_UPSERT_EFFECT, rows.effects)
+        if rows.events:
+            conn.executemany(_INSERT_EVENT, rows.events)
 
     def _list_events(self, conn: sqlite3.Connection, run_id: str) -> list[StepEvent]:
         rows = conn.execute(
@@ -444,24 +460,22 @@ class SqliteStepStore:
 
     # --- snapshot writes --------------------------------------------------------------------
 
-    async def _write_prepared(
-        self, prepared: PreparedSnapshot, *, effects: list[_Row], events: list[_Row]
-    ) -> WriteOutcome:
+    async def _write_prepared(self, prepared: PreparedSnapshot, *, rows: _Rows) -> WriteOutcome:
         try:
-            return await self._run(lambda conn: self._write_snapshot(conn, prepared, effects, events))
+            return await self._run(lambda conn: self._write_snapshot(conn, prepared, rows))
         except BaseException:
             # The outcome is unknown: the next save of this run rewrites its history in full.
             self._log.forget(prepared.snapshot.run_id)
             raise
 
-    def _write_snapshot(
-        self, conn: sqlite3.Connection, prepared: PreparedSnapshot, effects: list[_Row], events: list[_Row]
-    ) -> WriteOutcome:
-        """One transaction: key check, message appends, snapshot row, retention, then the other rows."""
+    def _write_snapshot(self, conn: sqlite3.Connection, prepared: PreparedSnapshot, rows: _Rows) -> WriteOutcome:
+        """One transaction: the run, then key check, message appends, snapshot row, retention, then the rest."""
         try:
             with self._write(conn, immediate=True):
+                if rows.run is not None:
+                    self._insert_run(conn, rows.run)
                 outcome = self._write_snapshot_rows(conn, prepared)
-                self._insert(conn, effects, events)
+                self._insert(conn, _Rows(effects=rows.effects, events=rows.events))
             return outcome
         except _Stale:
             return STALE
