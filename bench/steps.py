@@ -336,7 +336,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--quick', action='store_true', help='small workloads, for a smoke test')
     args = parser.parse_args()
-    repeats_100, repeats_400, short_count, list_count = (1, 1, 20, 1000) if args.quick else (5, 3, 200, 10_000)
+    repeats_100, repeats_400, short_count, list_count = (1, 1, 20, 1000) if args.quick else (5, 5, 200, 10_000)
     steps_long = 120 if args.quick else 400
     backends = our_backends() + harness_backends()
     if len(backends) == 3:
