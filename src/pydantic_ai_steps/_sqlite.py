@@ -69,6 +69,13 @@ class BackgroundCheckpointer:
     costs nothing, the next one catches up. At most one thread runs, until nothing more is asked.
     """
 
+    @classmethod
+    def for_database(cls, database: str | None, name: str) -> BackgroundCheckpointer | None:
+        """One for a database file; `None` for a caller's connection or an in-memory database."""
+        if database is None or database == ':memory:':
+            return None
+        return cls(database, name)
+
     def __init__(self, database: str, name: str) -> None:
         self._database = database
         self._name = name

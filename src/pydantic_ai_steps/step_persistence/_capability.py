@@ -298,41 +298,38 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         self._event_sequence += 1
         if kind in ('run_completed', 'run_failed'):
             self._closed = True
+        fields = self._event_fields(ctx, self._run_id, kind, index, tool_call_id, tool_name, error)
         if self._batched:
-            self._pending_events.append(
-                _step_event(
-                    run_id=self._run_id,
-                    kind=kind,
-                    step_index=ctx.run_step,
-                    conversation_id=ctx.conversation_id,
-                    parent_run_id=self.parent_run_id,
-                    agent_name=self.agent_name,
-                    tool_call_id=tool_call_id,
-                    tool_name=tool_name,
-                    error=error,
-                    metadata=dict(self.metadata),
-                    event_index=index,
-                )
-            )
+            self._pending_events.append(_step_event(**fields))
             if kind in _WRITTEN_AT_ONCE and not defer:
                 await self._flush()
             return
-        await self._durably(
-            ctx,
-            'append_event',
-            self._append_event,
-            run_id=self._run_id,
-            kind=kind,
-            step_index=ctx.run_step,
-            conversation_id=ctx.conversation_id,
-            parent_run_id=self.parent_run_id,
-            agent_name=self.agent_name,
-            tool_call_id=tool_call_id,
-            tool_name=tool_name,
-            error=error,
-            metadata=dict(self.metadata),
-            event_index=index,
-        )
+        await self._durably(ctx, 'append_event', self._append_event, **fields)
+
+    def _event_fields(
+        self,
+        ctx: RunContext[AgentDepsT],
+        run_id: str,
+        kind: EventKind,
+        index: int,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        error: str | None = None,
+    ) -> dict[str, Any]:
+        """The `append_event` operation's arguments (and `_step_event`'s) for an event happening now."""
+        return {
+            'run_id': run_id,
+            'kind': kind,
+            'step_index': ctx.run_step,
+            'conversation_id': ctx.conversation_id,
+            'parent_run_id': self.parent_run_id,
+            'agent_name': self.agent_name,
+            'tool_call_id': tool_call_id,
+            'tool_name': tool_name,
+            'error': error,
+            'metadata': dict(self.metadata),
+            'event_index': index,
+        }
 
     async def _snapshot(
         self, ctx: RunContext[AgentDepsT], messages: list[ModelMessage], step_index: int, *, valid: bool | None = None
@@ -342,32 +339,20 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         state: SnapshotState = 'complete' if valid else 'interrupted'
         index = self._snapshot_sequence
         self._snapshot_sequence += 1
+        fields: dict[str, Any] = {
+            'run_id': self._run_id,
+            'step_index': step_index,
+            'messages': messages,
+            'conversation_id': ctx.conversation_id,
+            'parent_run_id': self.parent_run_id,
+            'agent_name': self.agent_name,
+            'state': state,
+            'snapshot_index': index,
+        }
         if self._batched:
-            snapshot = _continuable_snapshot(
-                run_id=self._run_id,
-                step_index=step_index,
-                messages=messages,
-                conversation_id=ctx.conversation_id,
-                parent_run_id=self.parent_run_id,
-                agent_name=self.agent_name,
-                state=state,
-                snapshot_index=index,
-            )
-            await self._flush(snapshot=snapshot)
+            await self._flush(snapshot=_continuable_snapshot(**fields))
         else:
-            await self._durably(
-                ctx,
-                'save_snapshot',
-                self._save_snapshot,
-                run_id=self._run_id,
-                step_index=step_index,
-                messages=messages,
-                conversation_id=ctx.conversation_id,
-                parent_run_id=self.parent_run_id,
-                agent_name=self.agent_name,
-                state=state,
-                snapshot_index=index,
-            )
+            await self._durably(ctx, 'save_snapshot', self._save_snapshot, **fields)
         self._last_saved = messages
         self._last_snapshot_step = step_index
         await ctx.emit(
@@ -476,19 +461,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         self._event_sequence += 1
 
         async def register(record: RunRecord) -> None:
-            opening = _step_event(
-                run_id=record.run_id,
-                kind='run_started',
-                step_index=ctx.run_step,
-                conversation_id=ctx.conversation_id,
-                parent_run_id=self.parent_run_id,
-                agent_name=self.agent_name,
-                tool_call_id=None,
-                tool_name=None,
-                error=None,
-                metadata=dict(self.metadata),
-                event_index=index,
-            )
+            opening = _step_event(**self._event_fields(ctx, record.run_id, 'run_started', index))
             await store.write_records(run=record, events=[opening])
 
         record = RunRecord(

@@ -90,11 +90,7 @@ class SqliteMediaStore:
         self._public_url = public_url
         self._lock = threading.Lock()
         self._schema_ready = False
-        self._checkpointer = (
-            BackgroundCheckpointer(self._database, 'pydantic-ai-steps-media-checkpoint')
-            if self._database is not None and self._database != _MEMORY
-            else None
-        )
+        self._checkpointer = BackgroundCheckpointer.for_database(self._database, 'pydantic-ai-steps-media-checkpoint')
 
     def __repr__(self) -> str:
         where = f'database={self._database!r}' if self._database is not None else 'connection=<caller-owned>'

@@ -270,11 +270,7 @@ class SqliteStepStore:
         self._schema_ready = False
         self._commits_since_checkpoint = 0
         self._wal_too_long = False
-        self._checkpointer = (
-            BackgroundCheckpointer(self._database, 'pydantic-ai-steps-checkpoint')
-            if self._database is not None and self._database != _MEMORY
-            else None
-        )
+        self._checkpointer = BackgroundCheckpointer.for_database(self._database, 'pydantic-ai-steps-checkpoint')
 
     def __repr__(self) -> str:
         where = f'database={self._database!r}' if self._database is not None else 'connection=<caller-owned>'
