@@ -8,8 +8,9 @@ Workloads (the same for every store):
 - *Per-step overhead*: an agent on a `FunctionModel` that calls a tool returning 2 KB, for 100
   and for 400 steps, timed with and without `StepPersistence`. Runs alternate (plain, then each
   store) and the median of the repeats is used, so machine noise hits every column alike.
-  Overhead is `(persisted - plain) / steps`, shown in ms and as a share of the plain agent's own
-  time per step.
+  Overhead is the median over repeats of `(persisted - plain) / steps`, each persisted run paired
+  with the plain run just before it (so slow drift of the machine cancels out), shown in ms and
+  as a share of the plain agent's own time per step.
 - *Stored bytes*: what the 100-step run left in the store, over the JSON size of its final
   history (`all_messages_json()`).
 - *Short runs*: many two-step runs (one tool call, then the answer), persisted time over plain.
@@ -168,16 +169,17 @@ async def per_step(backends: list[Backend], steps: int, repeats: int, scratch: P
     plain = make_agent(steps, [])
     await timed(plain)  # warm-up
     plain_times: list[float] = []
-    times: dict[str, list[float]] = {backend.label: [] for backend in backends}
+    extra: dict[str, list[float]] = {backend.label: [] for backend in backends}
     for repeat in range(repeats):
-        plain_times.append((await timed(plain))[0])
+        plain_time = (await timed(plain))[0]
+        plain_times.append(plain_time)
         for backend in backends:
             directory = scratch / f'{backend.label}-{steps}-{repeat}'.replace(' ', '_')
             directory.mkdir()
             store = backend.make(directory)
             agent = make_agent(steps, [backend.capability(store)])
             elapsed, history_bytes = await timed(agent)
-            times[backend.label].append(elapsed)
+            extra[backend.label].append(elapsed - plain_time)
             if steps == 100 and repeat == 0:
                 stored = backend.size(directory, store)
                 backend.results['stored'] = None if stored is None else stored / history_bytes
@@ -185,8 +187,7 @@ async def per_step(backends: list[Backend], steps: int, repeats: int, scratch: P
             shutil.rmtree(directory, ignore_errors=True)
     agent_step = statistics.median(plain_times) / steps
     for backend in backends:
-        overhead = (statistics.median(times[backend.label]) - statistics.median(plain_times)) / steps
-        backend.results[f'overhead_{steps}'] = overhead
+        backend.results[f'overhead_{steps}'] = statistics.median(extra[backend.label]) / steps
     return agent_step
 
 
