@@ -704,3 +704,24 @@ async def test_final_boundary_is_written_even_if_the_run_fails_after_it(explodin
     assert [s.messages[-1].parts[0].part_kind for s in snapshots][-1] == 'text'  # the final answer is saved
     events = [e.kind for e in await store.list_events(run_id='late-failure')]
     assert events[-1] in ('run_completed', 'run_failed')
+
+
+async def test_a_failed_batched_write_fails_the_run_and_its_records_are_written_with_the_close() -> None:
+    """Store errors are never swallowed; what the failed write carried goes out with `run_failed`."""
+    store = InMemoryStepStore()
+    original = store.write_records
+    failures = iter([True])
+
+    async def flaky(**records: Any) -> None:
+        if records.get('snapshot') is not None and next(failures, False):
+            raise OSError('disk full')
+        await original(**records)
+
+    store.write_records = flaky  # type: ignore[method-assign]
+    with pytest.raises(OSError, match='disk full'):
+        await two_cycle_agent(store).run('go')
+    events = await store.list_events(run_id='batched')
+    assert [e.kind for e in events][-2:] == ['tool_call_completed', 'run_failed']
+    assert len({e.idempotency_key for e in events}) == len(events)
+    effect = await store.get_tool_effect(run_id='batched', tool_call_id='c1')
+    assert effect is not None and effect.status == 'completed'
