@@ -725,3 +725,19 @@ async def test_a_failed_batched_write_fails_the_run_and_its_records_are_written_
     assert len({e.idempotency_key for e in events}) == len(events)
     effect = await store.get_tool_effect(run_id='batched', tool_call_id='c1')
     assert effect is not None and effect.status == 'completed'
+
+
+async def test_a_failed_final_write_closes_the_run_as_failed_not_completed() -> None:
+    store = InMemoryStepStore()
+    original = store.write_records
+
+    async def failing_at_the_end(**records: Any) -> None:
+        if any(event.kind == 'run_completed' for event in records.get('events', ())):
+            raise OSError('disk full')
+        await original(**records)
+
+    store.write_records = failing_at_the_end  # type: ignore[method-assign]
+    with pytest.raises(OSError, match='disk full'):
+        await two_cycle_agent(store).run('go')
+    kinds = [event.kind for event in await store.list_events(run_id='batched')]
+    assert 'run_completed' not in kinds and kinds[-1] == 'run_failed'

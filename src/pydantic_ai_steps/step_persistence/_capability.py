@@ -385,8 +385,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         try:
             await store.write_records(snapshot=snapshot, tool_effects=[*effects, *(tool_effects or ())], events=events)
         except BaseException:
-            # Keep them for the write that closes the run; idempotency keys make a repeat harmless.
-            self._pending_events[:0] = events
+            # Keep them for the write that closes the run (idempotency keys make a repeat
+            # harmless), except a `run_completed`: a run whose last write failed did not complete.
+            kept = [event for event in events if event.kind != 'run_completed']
+            if len(kept) < len(events):
+                self._closed = False
+            self._pending_events[:0] = kept
             self._pending_effects[:0] = effects
             raise
 
