@@ -205,7 +205,8 @@ class SqliteStepStore:
     ```
 
     Give exactly one of `database=` (a path; the store opens and owns one connection, lazily, on a
-    worker thread) or `connection=` (a `sqlite3.Connection` that must be opened with
+    worker thread; a call that cannot wait for a lock then runs right on the event loop, any other
+    on a worker) or `connection=` (a `sqlite3.Connection` that must be opened with
     `check_same_thread=False`, because store calls run on worker threads; the caller owns and
     closes it). On a shared connection each write is its own `BEGIN IMMEDIATE` transaction,
     committed at once; if you have a transaction open, the write goes in a savepoint inside it
