@@ -167,3 +167,35 @@ async def test_bytes_this_process_stored_are_not_sent_again(kind: str, tmp_path:
     snapshot = await fresh.latest_snapshot(run_id=run_id)
     assert snapshot is not None
     assert snapshot.messages[0].parts[0].content[1].data == IMAGE  # type: ignore[union-attr, index]
+
+
+def test_a_binary_is_hashed_once_while_it_holds_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Histories carry the same `BinaryContent` objects from run to run; their bytes are hashed once."""
+    import gc
+
+    from pydantic_ai_steps.step_persistence import _message_log
+
+    hashed: list[int] = []
+    real_sha256 = hashlib.sha256
+
+    def counting_sha256(data: bytes = b'', **options: Any) -> Any:
+        hashed.append(len(data))
+        return real_sha256(data, **options)
+
+    monkeypatch.setattr(_message_log.hashlib, 'sha256', counting_sha256)
+    memo = _message_log._HashedBinaries()  # pyright: ignore[reportPrivateUsage]
+    image = BinaryContent(IMAGE, media_type='image/png')
+    first = memo.digest_and_identifier(image)
+    assert first == (real_sha256(IMAGE).digest(), image.identifier)
+    assert memo.digest_and_identifier(image) == first and hashed == [len(IMAGE)]
+
+    image.data = IMAGE[::-1]  # new bytes on the same object: hashed again
+    assert memo.digest_and_identifier(image) == (real_sha256(IMAGE[::-1]).digest(), image.identifier)
+    assert len(hashed) == 2
+
+    named = BinaryContent(IMAGE, media_type='image/png', identifier='chart-1')
+    assert memo.digest_and_identifier(named)[1] == 'chart-1'
+
+    del image, named
+    gc.collect()
+    assert memo._entries == {}  # pyright: ignore[reportPrivateUsage]  # the memo holds its objects weakly

@@ -15,6 +15,7 @@ import copy
 import hashlib
 import json
 import logging
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +106,7 @@ class MessageLog:
         self.threshold_bytes = threshold_bytes
         self._stored_blobs: OrderedDict[bytes, None] = OrderedDict()
         """Digests this process has put in `media_store` (bounded, most recent last)."""
+        self._hashed = _HashedBinaries()
         self._tracker: HistoryTracker[bytes] = HistoryTracker()
 
     async def prepare(self, snapshot: ContinuableSnapshot) -> PreparedSnapshot:
@@ -277,7 +279,7 @@ class MessageLog:
         if len(binary.data) < self.threshold_bytes:
             return binary
         assert self.media_store is not None
-        digest = hashlib.sha256(binary.data).digest()
+        digest, identifier = self._hashed.digest_and_identifier(binary)
         if digest in self._stored_blobs:
             # Content-addressed and never deleted by any store: the same bytes (say, an image sent
             # in every turn) are not sent to the media store again.
@@ -291,7 +293,7 @@ class MessageLog:
                 self._stored_blobs.popitem(last=False)
         placeholder = _PLACEHOLDER_PREFIX + bytes.fromhex(parse_media_uri(uri))
         stand_in = copy.copy(binary)
-        stand_in._identifier = binary.identifier  # pyright: ignore[reportPrivateUsage]
+        stand_in._identifier = identifier  # pyright: ignore[reportPrivateUsage]
         stand_in.data = placeholder
         placeholders[base64.urlsafe_b64encode(placeholder).decode()] = uri
         return stand_in
@@ -300,6 +302,48 @@ class MessageLog:
         assert self.media_store is not None
         tree: object = await restore_media(json.loads(text), media_store=self.media_store)
         return _compact(tree)
+
+
+class _HashedBinaries:
+    """The sha256 digest and pydantic-ai identifier of `BinaryContent` objects seen before.
+
+    A history carries the same `BinaryContent` objects from run to run (`message_history=`), and
+    each new run's first snapshot serializes every message again; hashing a large payload twice
+    (sha256 for its address, sha1 for pydantic-ai's `identifier`) costs more than the rest of the
+    snapshot. Entries are keyed by object identity, hold the object weakly (an entry leaves with
+    its object), and are used only while the object still holds the same `data`.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, _HashedBinary] = {}
+
+    def digest_and_identifier(self, binary: BinaryContent) -> tuple[bytes, str]:
+        """`sha256(binary.data)` and `binary.identifier`, each computed once per object and data."""
+        key = id(binary)
+        entry = self._entries.get(key)
+        if entry is None or entry.ref() is not binary or entry.data is not binary.data:
+            entries = self._entries
+
+            def forget(_: object, key: int = key) -> None:
+                entries.pop(key, None)
+
+            entry = _HashedBinary(weakref.ref(binary, forget), binary.data, hashlib.sha256(binary.data).digest())
+            entries[key] = entry
+        explicit = binary._identifier  # pyright: ignore[reportPrivateUsage]
+        if explicit:
+            return entry.digest, explicit
+        if entry.identifier is None:
+            entry.identifier = binary.identifier  # derived from the data: a hash of its own
+        return entry.digest, entry.identifier
+
+
+@dataclass
+class _HashedBinary:
+    ref: weakref.ref[BinaryContent]
+    data: bytes
+    digest: bytes
+    identifier: str | None = None
+    """`binary.identifier` as derived from `data` (when the object sets none of its own)."""
 
 
 _STORED_BLOBS_REMEMBERED = 4096
