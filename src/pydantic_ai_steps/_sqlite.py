@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -103,6 +104,14 @@ class BackgroundCheckpointer:
             thread = self._thread
         if thread is not None:
             thread.join()
+
+    def wal_bytes(self) -> int:
+        """The size of the database's `-wal` file (0 if there is none). A checkpoint does not
+        shrink it; only a truncating one, or the last connection closing, does."""
+        try:
+            return os.stat(f'{self._database}-wal').st_size
+        except FileNotFoundError:
+            return 0
 
     def _loop(self) -> None:
         while True:

@@ -77,7 +77,6 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     _snapshot_sequence: int = field(default=0, init=False, repr=False)
     _last_saved: list[ModelMessage] | None = field(default=None, init=False, repr=False)
     _validity: ProviderValidity = field(default_factory=ProviderValidity, init=False, repr=False)
-    _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
     _last_request_step: int | None = field(default=None, init=False, repr=False)
     _output_tool_names: frozenset[str] = field(default=frozenset[str](), init=False, repr=False)
     _registered: bool = field(default=False, init=False, repr=False)
@@ -354,7 +353,6 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         else:
             await self._durably(ctx, 'save_snapshot', self._save_snapshot, **fields)
         self._last_saved = messages
-        self._last_snapshot_step = step_index
         await ctx.emit(
             SnapshotSaved(
                 persistence_run_id=self._run_id,
@@ -490,21 +488,22 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         request, as `Agent.run` would have saved them.
         """
         messages = _with_output_tool_returns(result.all_messages(), self._output_tool_names)
+        step: int | None = None
         if self._final_boundary is not None and _same_messages(self._final_boundary[0], messages):
-            step = self._final_boundary[1]
+            step = self._final_boundary[1]  # the last boundary's snapshot, written now
             self._final_boundary = None
-            await self._record(ctx, 'run_completed', defer=True)  # written with the snapshot
+        else:
+            await self._write_final_boundary(ctx)
+            if not self._unchanged_since_last_save(messages) and self._validity.check(messages):
+                step = self._last_request_step if self._last_request_step is not None else ctx.run_step
+        if step is None:
+            await self._record(ctx, 'run_completed')
+        elif self._batched:  # the closing event goes with the final snapshot
+            await self._record(ctx, 'run_completed', defer=True)
             await self._snapshot(ctx, messages, step, valid=True)
-            return result
-        await self._write_final_boundary(ctx)
-        if not self._unchanged_since_last_save(messages) and self._validity.check(messages):
-            step = self._last_request_step if self._last_request_step is not None else ctx.run_step
-            if self._batched:  # the closing event goes with the final snapshot
-                await self._record(ctx, 'run_completed', defer=True)
-                await self._snapshot(ctx, messages, step, valid=True)
-                return result
+        else:
             await self._snapshot(ctx, messages, step, valid=True)
-        await self._record(ctx, 'run_completed')
+            await self._record(ctx, 'run_completed')
         return result
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:

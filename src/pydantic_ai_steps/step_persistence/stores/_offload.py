@@ -132,7 +132,7 @@ async def run_soon(function: Callable[[Unpack[_Args]], _R], *args: *_Args, inlin
     `WouldBlock` there. `inline=False` skips the attempt (for calls that flush to disk or read
     without bound).
     """
-    if inline and not getattr(_attempt, 'active', False):
+    if inline and may_wait():
         _attempt.active = True
         try:
             return function(*args)

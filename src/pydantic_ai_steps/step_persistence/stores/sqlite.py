@@ -22,7 +22,6 @@ SQLite itself (`BEGIN IMMEDIATE`, 30 s busy timeout); WAL lets readers run along
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -416,11 +415,11 @@ class SqliteStepStore:
     def _insert_rows(self, conn: sqlite3.Connection, rows: _Rows) -> None:
         """Register a run, upsert tool effects and append events (a duplicate event key is skipped)."""
         with self._write(conn, immediate=rows.statements() > 1):
-            self._insert(conn, rows)
+            if rows.run is not None:
+                self._insert_run(conn, rows.run)
+            self._insert_effects_and_events(conn, rows)
 
-    def _insert(self, conn: sqlite3.Connection, rows: _Rows) -> None:
-        if rows.run is not None:
-            self._insert_run(conn, rows.run)
+    def _insert_effects_and_events(self, conn: sqlite3.Connection, rows: _Rows) -> None:
         if rows.effects:
             conn.executemany(_UPSERT_EFFECT, rows.effects)
         if rows.events:
@@ -472,7 +471,7 @@ class SqliteStepStore:
                 if rows.run is not None:
                     self._insert_run(conn, rows.run)
                 outcome = self._write_snapshot_rows(conn, prepared)
-                self._insert(conn, _Rows(effects=rows.effects, events=rows.events))
+                self._insert_effects_and_events(conn, rows)
             return outcome
         except _Stale:
             return STALE
@@ -657,9 +656,8 @@ class SqliteStepStore:
         """Every `_CHECKPOINT_EVERY` commits, have the WAL checkpointed on a thread of its own."""
         if self._commits_since_checkpoint >= _CHECKPOINT_EVERY:
             self._commits_since_checkpoint = 0
-            if self._checkpointer is not None and self._database is not None:
-                with contextlib.suppress(OSError):
-                    self._wal_too_long = os.stat(f'{self._database}-wal').st_size > _WAL_LIMIT_BYTES
+            if self._checkpointer is not None:
+                self._wal_too_long = self._checkpointer.wal_bytes() > _WAL_LIMIT_BYTES
                 if not self._wal_too_long:
                     self._checkpointer.request()
 
