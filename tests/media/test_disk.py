@@ -187,7 +187,8 @@ async def test_large_put_failing_midway_leaves_nothing_behind(tmp_path: Path, mo
 
     written: list[Path] = []
 
-    def half_then_disk_full(path: Path, payload: bytes) -> None:
+    def half_then_disk_full(path: Path, payload: bytes, durable: bool) -> None:
+        del durable
         path.write_bytes(payload[: len(payload) // 2])
         written.append(path)
         raise OSError(errno.ENOSPC, 'No space left on device')
@@ -232,3 +233,25 @@ async def test_large_put_through_a_key_strategy_into_a_subdirectory(tmp_path: Pa
     assert all_files(tmp_path / 'm') == ['a', 'a/b', f'a/b/{uri[-64:]}.dat']
     assert mode(tmp_path / 'm' / 'a' / 'b') == 0o700
     assert await store.get(uri) == payload
+
+
+@pytest.mark.parametrize('size', [100, 2 << 20])
+async def test_durable_store_flushes_files_and_new_directory_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    from pydantic_ai_steps.media.stores import disk
+
+    files: list[int] = []
+    directories: list[Path] = []
+    monkeypatch.setattr(disk.os, 'fsync', lambda fd: files.append(fd))
+    monkeypatch.setattr(disk, 'fsync_dir', lambda path: directories.append(path))
+    plain = DiskMediaStore(tmp_path / 'plain')
+    await plain.put(_big(size, seed=1), context=MediaContext(metadata={'k': 'v'}))
+    assert files == [] and directories == []
+
+    root = tmp_path / 'durable' / 'media'
+    store = DiskMediaStore(root, durable=True)
+    await store.put(_big(size, seed=1), context=MediaContext(metadata={'k': 'v'}))
+    assert len(files) == 2  # the blob and its sidecar
+    # the two new directories' entries, then the blob's and the sidecar's renames
+    assert directories == [tmp_path, tmp_path / 'durable', root, root]

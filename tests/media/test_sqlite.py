@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from pathlib import Path
@@ -121,7 +122,10 @@ async def test_foreign_rows_of_the_wrong_type_are_a_clear_error(tmp_path: Path) 
     store.close()
     digest = media_uri_for(b'text row')[-64:]
     with sqlite3.connect(path) as other:
-        other.execute('INSERT INTO media VALUES (?, NULL, ?, 1, ?)', (digest, 'not bytes', '[1]'))
+        other.execute(
+            'INSERT INTO media (sha256, media_type, bytes, size_bytes, metadata) VALUES (?, NULL, ?, 1, ?)',
+            (digest, 'not bytes', '[1]'),
+        )
     other.close()
     with pytest.raises(ValueError, match='wrong types'):
         await store.get(media_uri_for(b'text row'))
@@ -164,9 +168,7 @@ async def test_large_put_round_trips_and_is_checkpointed_off_the_put(tmp_path: P
     assert await store.get_metadata(uri) == {'a': 'b'}
     await store.aclose()
     assert not store._checkpointer.running  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
-    with sqlite3.connect(path) as check:
-        assert check.execute('SELECT bytes, size_bytes FROM media').fetchall() == [(payload, len(payload))]
-    check.close()
+    assert _stored_chunks(path) == {1: payload}
 
 
 async def test_failed_large_put_leaves_nothing_and_restores_the_checkpoint_setting(tmp_path: Path) -> None:
@@ -176,7 +178,7 @@ async def test_failed_large_put_leaves_nothing_and_restores_the_checkpoint_setti
     await store.put(b'seed')
     with sqlite3.connect(path) as other:
         other.execute(
-            'CREATE TRIGGER refuse BEFORE INSERT ON media WHEN length(NEW.bytes) > 100 '
+            'CREATE TRIGGER refuse BEFORE INSERT ON media WHEN NEW.size_bytes > 100 '
             "BEGIN SELECT RAISE(ABORT, 'refused'); END"
         )
     other.close()
@@ -190,6 +192,7 @@ async def test_failed_large_put_leaves_nothing_and_restores_the_checkpoint_setti
     assert connection.execute('PRAGMA wal_autocheckpoint').fetchone()[0] == 1000
     assert not store._checkpointer.running  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
     store.close()
+    assert _stored_chunks(path) == {}  # the chunks written before the refusal were rolled back
 
 
 async def test_large_puts_of_the_same_payload_racing_on_two_connections_store_one_row(tmp_path: Path) -> None:
@@ -214,6 +217,7 @@ async def test_large_puts_of_the_same_payload_racing_on_two_connections_store_on
     with sqlite3.connect(path) as check:
         assert check.execute('SELECT count(*) FROM media WHERE size_bytes = ?', (len(payload),)).fetchone()[0] == 1
     check.close()
+    assert list(_stored_chunks(path).values()) == [payload]  # the loser's chunks were rolled back
 
 
 async def test_large_put_on_a_caller_connection_keeps_its_checkpoint_settings(tmp_path: Path) -> None:
@@ -228,3 +232,117 @@ async def test_large_put_on_a_caller_connection_keeps_its_checkpoint_settings(tm
     assert connection.execute('PRAGMA wal_autocheckpoint').fetchone()[0] == 50
     assert store._checkpointer is None  # pyright: ignore[reportPrivateUsage]
     connection.close()
+
+
+# -- large payloads are stored in chunks, hashed while they are written ----------------------------
+
+
+def _stored_chunks(path: Path) -> dict[int, bytes]:
+    """`blob_id -> bytes` of every chunked blob in `media_chunks`, read straight from the database."""
+    with sqlite3.connect(path) as check:
+        rows = check.execute('SELECT blob_id, data FROM media_chunks ORDER BY blob_id, idx').fetchall()
+    check.close()
+    blobs: dict[int, bytes] = {}
+    for blob_id, data in rows:
+        blobs[blob_id] = blobs.get(blob_id, b'') + data
+    return blobs
+
+
+async def test_payload_over_chunk_bytes_is_stored_in_chunks_and_read_back_exact(tmp_path: Path) -> None:
+    path = tmp_path / 'chunks.db'
+    store = SqliteMediaStore(database=path)
+    store.chunk_bytes = 1000
+    inline, chunked = b'i' * 1000, bytes(range(256)) * 10 + b'end'
+    inline_uri = await store.put(inline)
+    chunked_uri = await store.put(chunked, context=MediaContext(media_type='image/png', metadata={'k': 'v'}))
+    assert chunked_uri == media_uri_for(chunked)
+    assert await store.get(inline_uri) == inline
+    assert await store.get(chunked_uri) == chunked
+    assert await store.get_metadata(chunked_uri) == {'k': 'v'}
+    store.close()
+    with sqlite3.connect(path) as check:
+        by_digest = {
+            row[0]: row[1:] for row in check.execute('SELECT sha256, bytes, size_bytes, blob_id, media_type FROM media')
+        }
+        sizes = [len(data) for (data,) in check.execute('SELECT data FROM media_chunks ORDER BY idx')]
+    check.close()
+    assert by_digest[inline_uri[-64:]] == (inline, 1000, None, None)
+    assert by_digest[chunked_uri[-64:]] == (b'', len(chunked), 1, 'image/png')
+    assert sizes == [1000, 1000, 563]
+    assert _stored_chunks(path) == {1: chunked}
+
+
+async def test_repeated_large_put_keeps_the_first_blob_and_leaves_no_chunks_behind(tmp_path: Path) -> None:
+    path = tmp_path / 'repeat.db'
+    store = SqliteMediaStore(database=path)
+    store.chunk_bytes = 100
+    payload = b'x' * 1234
+    first = await store.put(payload, context=MediaContext(metadata={'n': '1'}))
+    second = await store.put(payload, context=MediaContext(metadata={'n': '2'}))
+    other = await store.put(b'y' * 1234)
+    assert first == second
+    assert await store.get_metadata(first) == {'n': '1'}
+    assert await store.get(other) == b'y' * 1234
+    store.close()
+    assert _stored_chunks(path) == {1: payload, 2: b'y' * 1234}
+
+
+async def test_damaged_chunks_are_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / 'damaged.db'
+    store = SqliteMediaStore(database=path)
+    store.chunk_bytes = 100
+    uri = await store.put(b'z' * 250)
+    with sqlite3.connect(path) as other:
+        other.execute('DELETE FROM media_chunks WHERE idx = 1')
+    other.close()
+    with pytest.raises(
+        ValueError, match=re.escape(f'media row for {uri} is damaged: its chunks hold 150 of 250 bytes')
+    ):
+        await store.get(uri)
+    store.close()
+
+
+async def test_large_put_inside_a_caller_transaction_lands_only_with_its_commit(tmp_path: Path) -> None:
+    path = tmp_path / 'caller-chunks.db'
+    connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    store = SqliteMediaStore(connection=connection)
+    store.chunk_bytes = 100
+    await store.put(b'warm-up')
+    connection.execute('BEGIN')
+    uri = await store.put(b'r' * 500)
+    assert connection.in_transaction
+    connection.execute('ROLLBACK')
+    assert await store.exists(uri) is False
+    connection.execute('BEGIN')
+    uri = await store.put(b'c' * 500)
+    connection.execute('COMMIT')
+    assert await store.get(uri) == b'c' * 500
+    connection.close()
+    assert _stored_chunks(path) == {1: b'c' * 500}
+
+
+async def test_table_of_an_older_layout_gets_blob_id_and_takes_chunked_blobs(tmp_path: Path) -> None:
+    path = tmp_path / 'old-chunks.db'
+    with sqlite3.connect(path) as old:
+        old.execute(
+            'CREATE TABLE media (sha256 TEXT PRIMARY KEY, media_type TEXT, bytes BLOB NOT NULL, '
+            'size_bytes INTEGER NOT NULL, metadata TEXT)'
+        )
+        old.execute('INSERT INTO media VALUES (?, NULL, ?, 3, NULL)', (media_uri_for(b'old')[-64:], b'old'))
+    old.close()
+    store = SqliteMediaStore(database=path)
+    store.chunk_bytes = 10
+    uri = await store.put(b'n' * 35)
+    assert await store.get(media_uri_for(b'old')) == b'old'
+    assert await store.get(uri) == b'n' * 35
+    store.close()
+
+
+@pytest.mark.parametrize(('durable', 'level'), [(False, 1), (True, 2)])
+async def test_synchronous_is_normal_unless_durable(tmp_path: Path, durable: bool, level: int) -> None:
+    store = SqliteMediaStore(database=tmp_path / 'sync.db', durable=durable)
+    await store.put(b'payload')
+    connection = store._connection  # pyright: ignore[reportPrivateUsage]
+    assert connection is not None
+    assert connection.execute('PRAGMA synchronous').fetchone()[0] == level  # 1 NORMAL, 2 FULL
+    store.close()

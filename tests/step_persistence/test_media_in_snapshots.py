@@ -14,7 +14,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter
 
 from pydantic_ai_steps import StepPersistence
-from pydantic_ai_steps.media import DiskMediaStore, media_uri_for
+from pydantic_ai_steps.media import DiskMediaStore, SqliteMediaStore, media_uri_for
 from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore
 
 from .agents import scripted
@@ -42,7 +42,9 @@ def snapshot_text(root: Path) -> str:
         parts = [p.read_text(errors='replace') for p in runs.rglob('*.json*') if 'media' not in p.parts]
         return '\n'.join(parts)
     with closing(sqlite3.connect(root / 'runs.db')) as db:
-        rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'media'").fetchall()
+        rows = db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN ('media', 'media_chunks')"
+        ).fetchall()
         return '\n'.join(str(db.execute(f'SELECT * FROM "{name}"').fetchall()) for (name,) in rows)
 
 
@@ -199,3 +201,12 @@ def test_a_binary_is_hashed_once_while_it_holds_the_same_bytes(monkeypatch: pyte
     del image, named
     gc.collect()
     assert memo._entries == {}  # pyright: ignore[reportPrivateUsage]  # the memo holds its objects weakly
+
+
+@pytest.mark.parametrize('durable', [False, True])
+def test_the_default_media_store_is_as_durable_as_its_step_store(tmp_path: Path, durable: bool) -> None:
+    on_files = FileStepStore(tmp_path / 'runs', durable=durable).media_store
+    in_sqlite = SqliteStepStore(database=tmp_path / 'runs.db', durable=durable)
+    assert isinstance(on_files, DiskMediaStore) and on_files.durable is durable
+    assert isinstance(in_sqlite.media_store, SqliteMediaStore) and in_sqlite.media_store.durable is durable
+    in_sqlite.close()

@@ -20,13 +20,13 @@ import contextlib
 import errno
 import hashlib
 import os
-import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import anyio.to_thread
 
+from ..._files import fsync_dir
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._protocol import (
     KeyStrategy,
@@ -37,6 +37,7 @@ from .._protocol import (
     resolve_public_url,
 )
 from .._uri import parse_media_uri, uri_for_digest
+from ._sha256 import Sha256Thread
 
 __all__ = ['DiskMediaStore']
 
@@ -55,6 +56,10 @@ class DiskMediaStore:
     `context.metadata` is kept in a `<blob>.meta.json` sidecar; a later put with non-empty metadata
     replaces it, a later put without metadata leaves it. `media_type` and `filename` are not
     persisted. The directory is created on the first put.
+
+    Every put is atomic, so a process crash leaves a blob whole or absent. `durable=True` also
+    flushes each new file and the directory entries it adds to disk before `put` returns, so a
+    blob survives power loss too; the step stores pass their own `durable` setting on.
     """
 
     concurrent_put_bytes: int = 1 << 20
@@ -66,8 +71,10 @@ class DiskMediaStore:
         *,
         key_strategy: KeyStrategy = default_key_strategy,
         public_url: PublicUrlResolver | None = None,
+        durable: bool = False,
     ) -> None:
         self._root = Path(directory)
+        self.durable = durable
         self._key_strategy = key_strategy
         self._public_url = public_url
 
@@ -107,18 +114,18 @@ class DiskMediaStore:
             path = self._path(uri, context)
             self._make_dirs(path.parent)
             if not path.is_file():
-                _write_atomic(path, data)
+                _write_atomic(path, data, self.durable)
         if context.metadata:
-            _write_atomic(_sidecar(path), encode_metadata(context.metadata).encode('utf-8'))
+            _write_atomic(_sidecar(path), encode_metadata(context.metadata).encode('utf-8'), self.durable)
         return uri
 
     def _put_large(self, data: bytes, context: MediaContext) -> tuple[str, Path]:
         """Write `data` to a temp file in the root while a helper thread hashes it, then move it into place."""
-        digest = _Sha256Thread(data)
+        digest = Sha256Thread(data)
         temp = self._root / f'put-{uuid.uuid4().hex}.tmp'
         try:
             self._make_dirs(self._root)
-            _write_new_file(temp, data)
+            _write_new_file(temp, data, self.durable)
             uri = uri_for_digest(digest.hexdigest())
             path = self._path(uri, context)
             self._make_dirs(path.parent)
@@ -128,7 +135,10 @@ class DiskMediaStore:
                 except OSError as error:
                     if error.errno != errno.EXDEV:
                         raise
-                    _write_atomic(path, data)  # the key strategy put it on another file system
+                    _write_atomic(path, data, self.durable)  # the key strategy put it on another file system
+                else:
+                    if self.durable:
+                        fsync_dir(path.parent)
             return uri, path
         finally:
             digest.join()
@@ -172,6 +182,8 @@ class DiskMediaStore:
         for folder in reversed(missing):
             with contextlib.suppress(FileExistsError):
                 folder.mkdir(mode=_DIR_MODE)
+            if self.durable:
+                fsync_dir(folder.parent)
 
 
 def _safe_relative_key(key: object, uri: str) -> str:
@@ -200,18 +212,20 @@ def _sidecar(blob: Path) -> Path:
     return blob.with_name(blob.name + _SIDECAR_SUFFIX)
 
 
-def _write_atomic(target: Path, payload: bytes) -> None:
+def _write_atomic(target: Path, payload: bytes, durable: bool) -> None:
     """Write `payload` to a fresh 0o600 temp file beside `target`, then rename it over `target`."""
     temp = target.with_name(f'{target.name}.{uuid.uuid4().hex}.tmp')
     try:
-        _write_new_file(temp, payload)
+        _write_new_file(temp, payload, durable)
         os.replace(temp, target)
+        if durable:
+            fsync_dir(target.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
 
 
-def _write_new_file(path: Path, payload: bytes) -> None:
+def _write_new_file(path: Path, payload: bytes, durable: bool) -> None:
     """Create `path` (it must not exist) readable by the owner only and write all of `payload` to it."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_BINARY', 0), _FILE_MODE)
     try:
@@ -221,35 +235,7 @@ def _write_new_file(path: Path, payload: bytes) -> None:
         while view:
             written = os.write(fd, view)
             view = view[written:]
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
-
-
-class _Sha256Thread:
-    """SHA-256 of a buffer, computed on a thread of its own (`hashlib` releases the GIL for large inputs)."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data: bytes | None = data
-        self._digest: str | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name='pydantic-ai-steps-media-sha256', daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            assert self._data is not None
-            self._digest = hashlib.sha256(self._data).hexdigest()
-        except BaseException as error:  # handed to the caller by hexdigest()
-            self._error = error
-        finally:
-            self._data = None
-
-    def join(self) -> None:
-        self._thread.join()
-
-    def hexdigest(self) -> str:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._digest is not None
-        return self._digest

@@ -1,4 +1,4 @@
-"""`SqliteMediaStore`: one row per blob in a SQLite table, keyed by the SHA-256 digest.
+"""`SqliteMediaStore`: blobs in a SQLite table, one row per blob keyed by the SHA-256 digest.
 
 Connection handling, chosen for simplicity and speed: with `database=` the store opens **one**
 connection, lazily, inside a worker thread (`check_same_thread=False`, autocommit, WAL,
@@ -16,6 +16,19 @@ Writes are `INSERT OR IGNORE`: the first put of a payload fixes its `media_type`
 A put commits only when the connection had no transaction open before it, so a caller's own
 transaction (or a Python 3.12 `autocommit=False` connection) decides when the row lands.
 
+Large payloads are stored in chunks. A payload's digest names its row, and hashing costs about
+as much as writing, so a payload larger than `chunk_bytes` (1 MiB) is written as 1 MiB rows of
+`<table>_chunks` under a fresh `blob_id` while a helper thread hashes it (both release the GIL),
+and the blob's row, added in the same transaction, holds an empty `bytes` and that `blob_id`. If
+the digest turns out to be stored already, the transaction rolls back. Chunks also write faster
+than one huge row: SQLite copies a bound value whole and builds the record in memory before it
+writes a page. Rows with a NULL `blob_id` (every row of older layouts) hold their bytes inline.
+
+Durability: on its own connection the store writes with `synchronous=NORMAL` in WAL mode, like
+`SqliteStepStore`: a put that returned survives a process crash, and power loss may roll back
+the last puts but never corrupts the database. `durable=True` uses `synchronous=FULL` (each commit
+flushed to disk before `put` returns); `SqliteStepStore(durable=True)` passes that on.
+
 Large puts and the WAL checkpoint: a committed row sits in the `-wal` file until a checkpoint
 copies it into the database file, and SQLite runs that checkpoint on the committing connection
 once the WAL passes `wal_autocheckpoint` pages (1000 by default), i.e. inside the put that
@@ -23,9 +36,9 @@ crossed it. A large blob always crosses it, and copying (and syncing) it a secon
 cost a put about as much again. So when the store owns a file connection and commits a payload
 of `deferred_checkpoint_bytes` (4 MiB) or more itself, that commit runs with the automatic
 checkpoint off and a `PRAGMA wal_checkpoint(PASSIVE)` follows on a background thread through a
-short-lived connection of its own (it never blocks writers or readers). The commit itself keeps
-SQLite's default `synchronous` level, so the put is as durable as before. `close()` waits for a
-pending checkpoint. A caller's `connection=` is left with its own settings.
+short-lived connection of its own (it never blocks writers or readers). `close()` waits for a
+pending checkpoint. A caller's `connection=` is left with its own settings, except that
+`durable=True` sets `synchronous=FULL` on it.
 """
 
 from __future__ import annotations
@@ -35,7 +48,8 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,12 +59,18 @@ from ..._sqlite import BackgroundCheckpointer, enable_wal, require_cross_thread_
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._protocol import PublicUrlResolver, decode_metadata, encode_metadata, resolve_public_url
 from .._uri import parse_media_uri, uri_for_digest
+from ._sha256 import Sha256Thread
 
 __all__ = ['SqliteMediaStore']
 
 _TABLE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
 _MEMORY = ':memory:'
+_SAVEPOINT = 'pydantic_ai_steps_media_put'
 _R = TypeVar('_R')
+
+
+class _AlreadyStored(Exception):
+    """Raised inside a chunked put's transaction to roll it back: the blob was stored meanwhile."""
 
 
 class SqliteMediaStore:
@@ -58,9 +78,14 @@ class SqliteMediaStore:
 
     Give exactly one of `database=` (a path; the store owns the connection) or `connection=` (a
     `sqlite3.Connection` opened with `check_same_thread=False`; the caller owns it). `table` must
-    be a plain identifier. The table is created on first use; a table from an older layout gets
-    its missing `media_type` / `metadata` columns added.
+    be a plain identifier. The table (and `<table>_chunks` for large blobs) is created on first
+    use; a table from an older layout gets its missing `media_type` / `metadata` / `blob_id`
+    columns added. `durable=True` flushes every put to disk before it returns.
     """
+
+    chunk_bytes: int = 1 << 20
+    """Payloads larger than this are stored as rows of this size in `<table>_chunks`, written while a
+    helper thread hashes them (see the module docs)."""
 
     deferred_checkpoint_bytes: int = 4 << 20
     """Payloads at least this large, committed on the store's own file connection, leave the WAL
@@ -73,6 +98,7 @@ class SqliteMediaStore:
         connection: sqlite3.Connection | None = None,
         table: str = 'media',
         public_url: PublicUrlResolver | None = None,
+        durable: bool = False,
     ) -> None:
         if (database is None) == (connection is None):
             raise ValueError(
@@ -87,6 +113,8 @@ class SqliteMediaStore:
         self._connection = connection
         self._owns_connection = connection is None
         self._table = table
+        self.durable = durable
+        self._chunks = f'{table}_chunks'
         self._public_url = public_url
         self._lock = threading.Lock()
         self._schema_ready = False
@@ -134,42 +162,114 @@ class SqliteMediaStore:
     # -- blocking bodies, run on a worker thread under the lock -------------------------------------
 
     def _put_sync(self, conn: sqlite3.Connection, data: bytes, context: MediaContext) -> str:
+        if len(data) > self.chunk_bytes:
+            return uri_for_digest(self._put_chunked(conn, data, context))
         digest = hashlib.sha256(data).hexdigest()
         had_transaction = conn.in_transaction
-        # Checking first spares binding (and copying) a large payload that is already stored;
+        # Checking first spares binding (and copying) a payload that is already stored;
         # INSERT OR IGNORE still settles a race with another writer of the same bytes.
-        if conn.execute(f'SELECT 1 FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone() is None:
-            defer_checkpoint = (
-                not had_transaction
-                and self._owns_connection
-                and self._database != _MEMORY
-                and len(data) >= self.deferred_checkpoint_bytes
+        if not self._exists_sync(conn, digest):
+            conn.execute(
+                f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata) '
+                'VALUES (?, ?, ?, ?, ?)',
+                (digest, context.media_type, data, len(data), encode_metadata(context.metadata)),
             )
-            pages: object = conn.execute('PRAGMA wal_autocheckpoint').fetchone()[0] if defer_checkpoint else None
-            if isinstance(pages, int):
-                conn.execute('PRAGMA wal_autocheckpoint=0')
-            try:
-                conn.execute(
-                    f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata) '
-                    'VALUES (?, ?, ?, ?, ?)',
-                    (digest, context.media_type, data, len(data), encode_metadata(context.metadata)),
-                )
-                if not had_transaction and conn.in_transaction:
-                    conn.commit()
-            finally:
-                if isinstance(pages, int):
-                    conn.execute(f'PRAGMA wal_autocheckpoint={pages}')
-            if isinstance(pages, int) and self._checkpointer is not None:
-                self._checkpointer.request()
+            if not had_transaction and conn.in_transaction:
+                conn.commit()
         return uri_for_digest(digest)
 
+    def _put_chunked(self, conn: sqlite3.Connection, data: bytes, context: MediaContext) -> str:
+        """Write `data` as chunk rows while a helper thread hashes it, then add the blob's row.
+
+        The digest names the row, so the chunks go under a fresh `blob_id` that the row then
+        points to; if a row of that digest exists by then, the transaction is rolled back and the
+        stored blob is left as it is (first put wins).
+        """
+        hashing = Sha256Thread(data)
+        try:
+            with self._checkpoint_deferred(conn, len(data)), self._transaction(conn):
+                (blob_id,) = conn.execute(f'SELECT coalesce(max(blob_id), 0) + 1 FROM "{self._chunks}"').fetchone()
+                view, step = memoryview(data), self.chunk_bytes
+                conn.executemany(
+                    f'INSERT INTO "{self._chunks}" (blob_id, idx, data) VALUES (?, ?, ?)',
+                    (
+                        (blob_id, index, view[offset : offset + step])
+                        for index, offset in enumerate(range(0, len(data), step))
+                    ),
+                )
+                digest = hashing.hexdigest()
+                inserted = conn.execute(
+                    f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata, blob_id) '
+                    'VALUES (?, ?, ?, ?, ?, ?)',
+                    (digest, context.media_type, b'', len(data), encode_metadata(context.metadata), blob_id),
+                ).rowcount
+                if not inserted:
+                    raise _AlreadyStored
+        except _AlreadyStored:
+            pass
+        finally:
+            hashing.join()
+        return hashing.hexdigest()
+
+    @contextmanager
+    def _transaction(self, conn: sqlite3.Connection) -> Generator[None]:
+        """`BEGIN IMMEDIATE` ... `COMMIT`, or a savepoint in a caller's open transaction (its commit decides)."""
+        if conn.in_transaction:
+            conn.execute(f'SAVEPOINT {_SAVEPOINT}')
+            try:
+                yield
+            except BaseException:
+                conn.execute(f'ROLLBACK TO {_SAVEPOINT}')
+                conn.execute(f'RELEASE {_SAVEPOINT}')
+                raise
+            conn.execute(f'RELEASE {_SAVEPOINT}')
+            return
+        conn.execute('BEGIN IMMEDIATE')
+        try:
+            yield
+        except BaseException:
+            conn.execute('ROLLBACK')
+            raise
+        conn.execute('COMMIT')
+
+    @contextmanager
+    def _checkpoint_deferred(self, conn: sqlite3.Connection, size: int) -> Generator[None]:
+        """No automatic checkpoint inside a large commit on the store's own file connection.
+
+        The background checkpointer runs it afterwards instead (see the module docs).
+        """
+        checkpointer = self._checkpointer
+        if (
+            checkpointer is None
+            or conn.in_transaction
+            or not self._owns_connection
+            or size < self.deferred_checkpoint_bytes
+        ):
+            yield
+            return
+        (pages,) = conn.execute('PRAGMA wal_autocheckpoint').fetchone()
+        conn.execute('PRAGMA wal_autocheckpoint=0')
+        try:
+            yield
+        finally:
+            conn.execute(f'PRAGMA wal_autocheckpoint={int(pages)}')
+        checkpointer.request()
+
     def _get_sync(self, conn: sqlite3.Connection, digest: str, uri: str) -> bytes:
-        row = conn.execute(f'SELECT bytes FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone()
+        query = f'SELECT bytes, blob_id, size_bytes FROM "{self._table}" WHERE sha256 = ?'
+        row = conn.execute(query, (digest,)).fetchone()
         if row is None:
             raise FileNotFoundError(f'media not found: {uri}')
         value: object = row[0]
         if not isinstance(value, bytes):
             raise ValueError(f'media row for {uri} has wrong types: bytes column holds {type(value).__name__}')
+        blob_id, size = row[1], row[2]
+        if blob_id is None:
+            return value
+        query = f'SELECT data FROM "{self._chunks}" WHERE blob_id = ? ORDER BY idx'
+        value = b''.join(chunk for (chunk,) in conn.execute(query, (blob_id,)))
+        if len(value) != size:
+            raise ValueError(f'media row for {uri} is damaged: its chunks hold {len(value)} of {size} bytes')
         return value
 
     def _exists_sync(self, conn: sqlite3.Connection, digest: str) -> bool:
@@ -205,8 +305,11 @@ class SqliteMediaStore:
                 Path(self._database).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self._database, isolation_level=None, check_same_thread=False, timeout=30)
             enable_wal(conn)
+            conn.execute(f'PRAGMA synchronous={"FULL" if self.durable else "NORMAL"}')
             self._connection = conn
         if not self._schema_ready:
+            if self.durable and not self._owns_connection and not conn.in_transaction:
+                conn.execute('PRAGMA synchronous=FULL')
             self._ensure_schema(conn)
         return conn
 
@@ -220,8 +323,12 @@ class SqliteMediaStore:
             'size_bytes INTEGER NOT NULL, metadata TEXT)'
         )
         columns = {row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")')}
-        for column in ('media_type', 'metadata'):
+        for column, declaration in (('media_type', 'TEXT'), ('metadata', 'TEXT'), ('blob_id', 'INTEGER')):
             if column not in columns:
-                conn.execute(f'ALTER TABLE "{self._table}" ADD COLUMN {column} TEXT')
+                conn.execute(f'ALTER TABLE "{self._table}" ADD COLUMN {column} {declaration}')
+        conn.execute(
+            f'CREATE TABLE IF NOT EXISTS "{self._chunks}" (blob_id INTEGER NOT NULL, idx INTEGER NOT NULL, '
+            'data BLOB NOT NULL, PRIMARY KEY (blob_id, idx))'
+        )
         if not in_transaction:
             self._schema_ready = True

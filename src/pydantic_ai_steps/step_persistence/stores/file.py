@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
+from ..._files import fsync_dir
 from ...media._protocol import MediaStore
 from .._codec import (
     event_from_dict,
@@ -161,7 +162,7 @@ class FileStepStore:
         if media_store == 'auto':
             from ...media.stores.disk import DiskMediaStore
 
-            media_store = DiskMediaStore(self._root / 'media')
+            media_store = DiskMediaStore(self._root / 'media', durable=durable)
         self.media_store: MediaStore | None = media_store
         self.durable = durable
         self._log = MessageLog(media_store, threshold)
@@ -297,7 +298,7 @@ class FileStepStore:
             raise RunAlreadyExistsError(record.run_id)
         created = _make_dir(run_dir)
         if created and self.durable:
-            _fsync_dir(self._root)
+            fsync_dir(self._root)
         line = _line(run_to_dict(record))
         # The index line goes first: a crash between the two leaves a line for a run that does
         # not exist (list_runs ignores it), never a run that the index cannot find.
@@ -400,7 +401,7 @@ class FileStepStore:
         with held(state.lock), _append_locked(paths.messages, durable=durable) as log:
             if not state.snapshots_dir_ready:
                 if _make_dir(paths.snapshots) and durable:
-                    _fsync_dir(run_dir)
+                    fsync_dir(run_dir)
                 state.snapshots_dir_ready = True
             self._sync_ledger(state)
             key = snapshot.idempotency_key
@@ -426,7 +427,7 @@ class FileStepStore:
             while not _write_exclusive(snapshots_dir / f'{seq}.json', body, durable, sync_dir=False):
                 seq += 1  # a file no ledger line names (a crash between the two writes): step over it
             if durable:
-                _fsync_dir(snapshots_dir)
+                fsync_dir(snapshots_dir)
             ledger_line = _line({'seq': seq, 'state': snapshot.state, 'key': key})
             with _append_locked(paths.ledger, lock=False) as ledger:
                 ledger.write(ledger_line, durable)
@@ -818,7 +819,7 @@ class _Index:
             return
         lines = b''.join(_line(run_to_dict(record)) for record in self._scan_runs())
         if _make_dir(self._path.parent) and durable:
-            _fsync_dir(self._root)
+            fsync_dir(self._root)
         # Exclusive create: if another process rebuilt it first, its file (and every line
         # appended to it since) stands, and this one is discarded.
         _write_exclusive(self._path, lines, durable)
@@ -1042,7 +1043,7 @@ class _Appender:
         if durable:
             os.fsync(self.fd)
             if self.size_before == 0:  # maybe a new file: make its name durable too
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
         self.size_after += len(data)
 
 
@@ -1062,7 +1063,7 @@ def _append_locked(
         if not create:
             raise
         if _make_dir(path.parent) and durable:
-            _fsync_dir(path.parent.parent)
+            fsync_dir(path.parent.parent)
         fd = os.open(path, flags, 0o644)
     try:
         if lock:
@@ -1097,7 +1098,7 @@ def _write_exclusive(target: Path, data: bytes, durable: bool, *, sync_dir: bool
                 raise
             return _create_exclusive(target, data, durable)  # a file system without hard links
         if durable and sync_dir:
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         return True
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -1143,16 +1144,6 @@ def _make_dir(path: Path) -> bool:
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
         return _make_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    if sys.platform == 'win32':  # pragma: no cover - directories cannot be opened there
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read_lines(path: Path) -> list[bytes]:

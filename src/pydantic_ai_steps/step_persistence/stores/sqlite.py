@@ -257,10 +257,10 @@ class SqliteStepStore:
             # so on a shared connection its commit could land inside this store's transaction.
             path = self._database if self._database is not None else _database_file(connection)
             if path is not None:
-                media_store = SqliteMediaStore(database=path)
+                media_store = SqliteMediaStore(database=path, durable=durable)
                 self._owned_media = media_store
             else:  # an in-memory database exists only on that connection
-                media_store = SqliteMediaStore(connection=connection)
+                media_store = SqliteMediaStore(connection=connection, durable=durable)
                 # Then both stores must take turns on it: `sqlite3` does not survive two threads
                 # running statements on one connection at once. SqliteMediaStore has no public way
                 # to pass a lock in, so it is handed this store's lock.
