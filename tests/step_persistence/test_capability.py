@@ -632,11 +632,11 @@ async def test_batched_writes_record_exactly_what_single_writes_record() -> None
 
     assert single.calls.count('append_event') == len(events[1])
     # Batched: the registration with run_started, then per tool cycle one write before the tool
-    # (its `started` entry with the events so far), one read, one write at the boundary; and the
+    # (its `started` entry with the events so far) and one at the boundary, with no read; and the
     # final boundary's snapshot together with run_completed.
     assert batched.calls == [
         'write_records',
-        *(['write_records', 'get_tool_effect', 'write_records'] * 2),
+        *(['write_records', 'write_records'] * 2),
         'write_records',
     ]
 

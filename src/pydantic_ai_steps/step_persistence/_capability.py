@@ -86,6 +86,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     _pending_events: list[StepEvent] = field(default_factory=list[StepEvent], init=False, repr=False)
     _pending_effects: list[ToolEffectRecord] = field(default_factory=list[ToolEffectRecord], init=False, repr=False)
     _final_boundary: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
+    _open_effects: dict[str, ToolEffectRecord] = field(
+        default_factory=dict[str, ToolEffectRecord], init=False, repr=False
+    )
+    """Batched: the ledger entry of each tool call in flight, as last written (see `_close_tool_call`)."""
     """Batched: the run's last boundary (history, step), written with `run_completed` by `after_run`."""
 
     @classmethod
@@ -414,6 +418,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """
         run_token = _context.current_run_id.set(self.run_id)
         history_token = _context.live_history.set(None)
+        effects_token = _context.open_tool_effects.set(self._open_effects)
         try:
             return await handler()
         except BaseException as error:
@@ -421,6 +426,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 await self._close_after_escape(ctx, error)
             raise
         finally:
+            _context.open_tool_effects.reset(effects_token)
             _context.live_history.reset(history_token)
             _context.current_run_id.reset(run_token)
 
@@ -567,6 +573,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if self._batched:
             await self._record(ctx, 'tool_call_started', tool_call_id=call_id, tool_name=name)
             started = ToolEffectRecord(tool_call_id=call_id, tool_name=name, run_id=run_id, status='started')
+            self._open_effects[call_id] = started
             await self._flush(tool_effects=[started])
         else:
             await self._durably(ctx, 'record_tool_effect', self._record_tool_started, run_id, call_id, name)
@@ -591,10 +598,14 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         status: Literal['completed', 'failed'],
         error: str | None = None,
     ) -> None:
-        """Close the call's ledger entry: at once, or (batched) with the boundary snapshot."""
+        """Close the call's ledger entry: at once, or (batched) with the boundary snapshot.
+
+        Batched, the entry is known without reading it back: this run wrote it, and
+        `annotate_tool_effect` updates `_open_effects` when it rewrites it.
+        """
         run_id = self._run_id
         if self._batched:
-            prior = await self.store.get_tool_effect(run_id=run_id, tool_call_id=call_id)
+            prior = self._open_effects.pop(call_id)
             self._pending_effects.append(_closed_entry(prior, run_id, call_id, name, status, error))
             return
         await self._durably(ctx, 'finish_tool_effect', self._finish_tool_effect, run_id, call_id, name, status, error)

@@ -123,15 +123,17 @@ async def annotate_tool_effect(
     prior = await store.get_tool_effect(run_id=run_id, tool_call_id=ctx.tool_call_id)
     if prior is None:
         return
-    await store.record_tool_effect(
-        ToolEffectRecord(
-            tool_call_id=prior.tool_call_id,
-            tool_name=ctx.tool_name,
-            run_id=run_id,
-            status=prior.status,
-            started_at=prior.started_at,
-            ended_at=prior.ended_at,
-            idempotency_key=idempotency_key if idempotency_key is not None else prior.idempotency_key,
-            effect_summary=effect_summary if effect_summary is not None else prior.effect_summary,
-        )
+    record = ToolEffectRecord(
+        tool_call_id=prior.tool_call_id,
+        tool_name=ctx.tool_name,
+        run_id=run_id,
+        status=prior.status,
+        started_at=prior.started_at,
+        ended_at=prior.ended_at,
+        idempotency_key=idempotency_key if idempotency_key is not None else prior.idempotency_key,
+        effect_summary=effect_summary if effect_summary is not None else prior.effect_summary,
     )
+    await store.record_tool_effect(record)
+    open_effects = _context.open_tool_effects.get()
+    if open_effects is not None and record.tool_call_id in open_effects:
+        open_effects[record.tool_call_id] = record  # the entry the capability will close
