@@ -7,6 +7,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Generator
 
 
 def require_cross_thread_use(connection: sqlite3.Connection, owner: str) -> None:
@@ -37,6 +38,33 @@ def require_cross_thread_use(connection: sqlite3.Connection, owner: str) -> None
             'connection may only be used by the thread that created it'
         ) from error
     raise ValueError(f'{owner}(connection=...) cannot use this connection: {error}') from error
+
+
+@contextlib.contextmanager
+def write_transaction(connection: sqlite3.Connection, savepoint: str) -> Generator[None]:
+    """`BEGIN IMMEDIATE` ... `COMMIT`; inside a caller's open transaction, `savepoint` instead.
+
+    Taking the write lock up front matters: a deferred transaction that reads and then writes
+    fails at once with `database is locked` if another connection committed in between. In a
+    caller's transaction the work is released into it, and commits (or not) with it.
+    """
+    if not connection.in_transaction:
+        connection.execute('BEGIN IMMEDIATE')
+        try:
+            yield
+        except BaseException:
+            connection.execute('ROLLBACK')
+            raise
+        connection.execute('COMMIT')
+        return
+    connection.execute(f'SAVEPOINT {savepoint}')
+    try:
+        yield
+    except BaseException:
+        connection.execute(f'ROLLBACK TO {savepoint}')
+        connection.execute(f'RELEASE {savepoint}')
+        raise
+    connection.execute(f'RELEASE {savepoint}')
 
 
 def enable_wal(connection: sqlite3.Connection, *, timeout: float = 30.0) -> None:

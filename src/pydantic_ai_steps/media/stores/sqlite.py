@@ -55,7 +55,7 @@ from typing import TypeVar
 
 import anyio.to_thread
 
-from ..._sqlite import BackgroundCheckpointer, enable_wal, require_cross_thread_use
+from ..._sqlite import BackgroundCheckpointer, enable_wal, require_cross_thread_use, write_transaction
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._protocol import PublicUrlResolver, decode_metadata, encode_metadata, resolve_public_url
 from .._uri import parse_media_uri, uri_for_digest
@@ -187,7 +187,7 @@ class SqliteMediaStore:
         """
         hashing = Sha256Thread(data)
         try:
-            with self._checkpoint_deferred(conn, len(data)), self._transaction(conn):
+            with self._checkpoint_deferred(conn, len(data)), write_transaction(conn, _SAVEPOINT):
                 (blob_id,) = conn.execute(f'SELECT coalesce(max(blob_id), 0) + 1 FROM "{self._chunks}"').fetchone()
                 view, step = memoryview(data), self.chunk_bytes
                 conn.executemany(
@@ -210,27 +210,6 @@ class SqliteMediaStore:
         finally:
             hashing.join()
         return hashing.hexdigest()
-
-    @contextmanager
-    def _transaction(self, conn: sqlite3.Connection) -> Generator[None]:
-        """`BEGIN IMMEDIATE` ... `COMMIT`, or a savepoint in a caller's open transaction (its commit decides)."""
-        if conn.in_transaction:
-            conn.execute(f'SAVEPOINT {_SAVEPOINT}')
-            try:
-                yield
-            except BaseException:
-                conn.execute(f'ROLLBACK TO {_SAVEPOINT}')
-                conn.execute(f'RELEASE {_SAVEPOINT}')
-                raise
-            conn.execute(f'RELEASE {_SAVEPOINT}')
-            return
-        conn.execute('BEGIN IMMEDIATE')
-        try:
-            yield
-        except BaseException:
-            conn.execute('ROLLBACK')
-            raise
-        conn.execute('COMMIT')
 
     @contextmanager
     def _checkpoint_deferred(self, conn: sqlite3.Connection, size: int) -> Generator[None]:

@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
-from ..._sqlite import BackgroundCheckpointer, enable_wal, require_cross_thread_use
+from ..._sqlite import BackgroundCheckpointer, enable_wal, require_cross_thread_use, write_transaction
 from ...media._protocol import MediaStore
 from .._codec import (
     event_from_dict,
@@ -690,36 +690,19 @@ class SqliteStepStore:
 
     @contextmanager
     def _write(self, conn: sqlite3.Connection, *, immediate: bool = False) -> Generator[None]:
-        """A write transaction that takes the write lock up front (`BEGIN IMMEDIATE`).
+        """A write transaction that takes the write lock up front (see `write_transaction`).
 
-        Taking it up front matters: a deferred transaction that reads and then writes fails at
-        once with `database is locked` if another connection committed in between. A single
-        statement on the store's own (autocommit) connection needs no transaction at all. On a
-        shared connection already inside a transaction of the caller's, the work goes in a
-        savepoint and commits (or not) with the caller's transaction.
+        A single statement on the store's own (autocommit) connection needs no transaction at
+        all. On a shared connection already inside a transaction of the caller's, the work goes in
+        a savepoint and commits (or not) with the caller's transaction.
         """
         if self._owns_connection:
             self._commits_since_checkpoint += 1
             if not immediate:
                 yield
                 return
-        if not conn.in_transaction:
-            conn.execute('BEGIN IMMEDIATE')
-            try:
-                yield
-            except BaseException:
-                conn.execute('ROLLBACK')
-                raise
-            conn.execute('COMMIT')
-            return
-        conn.execute(f'SAVEPOINT {_SAVEPOINT}')
-        try:
+        with write_transaction(conn, _SAVEPOINT):
             yield
-        except BaseException:
-            conn.execute(f'ROLLBACK TO {_SAVEPOINT}')
-            conn.execute(f'RELEASE {_SAVEPOINT}')
-            raise
-        conn.execute(f'RELEASE {_SAVEPOINT}')
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         """Bring the database to `SCHEMA_VERSION`, in one transaction that re-checks the version."""
