@@ -148,10 +148,12 @@ def _big(size: int = 2 << 20, seed: int = 0) -> bytes:
     return bytes((seed + index * 7) % 251 for index in range(251)) * (size // 251) + b'tail'
 
 
-async def test_large_put_round_trips_and_is_checkpointed_off_the_put(tmp_path: Path) -> None:
+@pytest.mark.parametrize('chunked', [True, False], ids=['chunked', 'one-row'])
+async def test_large_put_round_trips_and_is_checkpointed_off_the_put(tmp_path: Path, chunked: bool) -> None:
     path = tmp_path / 'big.db'
     store = SqliteMediaStore(database=path)
     store.deferred_checkpoint_bytes = 1 << 20
+    store.chunk_bytes = (1 << 20) if chunked else (8 << 20)
     payload = _big()
     uri = await store.put(payload, context=MediaContext(media_type='application/octet-stream', metadata={'a': 'b'}))
     assert uri == media_uri_for(payload)
@@ -168,7 +170,11 @@ async def test_large_put_round_trips_and_is_checkpointed_off_the_put(tmp_path: P
     assert await store.get_metadata(uri) == {'a': 'b'}
     await store.aclose()
     assert not store._checkpointer.running  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
-    assert _stored_chunks(path) == {1: payload}
+    with sqlite3.connect(path) as check:
+        row = check.execute('SELECT bytes, size_bytes, blob_id FROM media').fetchone()
+    check.close()
+    assert row == ((b'', len(payload), 1) if chunked else (payload, len(payload), None))
+    assert _stored_chunks(path) == ({1: payload} if chunked else {})
 
 
 async def test_failed_large_put_leaves_nothing_and_restores_the_checkpoint_setting(tmp_path: Path) -> None:

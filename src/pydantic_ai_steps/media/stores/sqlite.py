@@ -74,7 +74,7 @@ class _AlreadyStored(Exception):
 
 
 class SqliteMediaStore:
-    """A `MediaStore` keeping blobs in a SQLite table (`sha256`, `media_type`, `bytes`, `size_bytes`, `metadata`).
+    """A `MediaStore` keeping blobs in a SQLite table keyed by SHA-256, large ones in chunk rows.
 
     Give exactly one of `database=` (a path; the store owns the connection) or `connection=` (a
     `sqlite3.Connection` opened with `check_same_thread=False`; the caller owns it). `table` must
@@ -169,13 +169,14 @@ class SqliteMediaStore:
         # Checking first spares binding (and copying) a payload that is already stored;
         # INSERT OR IGNORE still settles a race with another writer of the same bytes.
         if not self._exists_sync(conn, digest):
-            conn.execute(
-                f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata) '
-                'VALUES (?, ?, ?, ?, ?)',
-                (digest, context.media_type, data, len(data), encode_metadata(context.metadata)),
-            )
-            if not had_transaction and conn.in_transaction:
-                conn.commit()
+            with self._checkpoint_deferred(conn, len(data)):
+                conn.execute(
+                    f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata) '
+                    'VALUES (?, ?, ?, ?, ?)',
+                    (digest, context.media_type, data, len(data), encode_metadata(context.metadata)),
+                )
+                if not had_transaction and conn.in_transaction:
+                    conn.commit()
         return uri_for_digest(digest)
 
     def _put_chunked(self, conn: sqlite3.Connection, data: bytes, context: MediaContext) -> str:
