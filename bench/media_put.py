@@ -6,19 +6,22 @@ before the put). Each store writes into a fresh temporary directory, so every pu
 real write (no dedup hit), and the SQLite put includes opening the database and creating its
 table. Work a store leaves for later is not hidden: `close` column times closing the store right
 after the put (for SQLite that waits for the WAL checkpoint a large put hands to a background
-thread), outside the put's own time. Run with `uv run python bench/media_put.py [--mib 64] [--runs 3]`.
+thread), outside the put's own time. If `pydantic_ai_harness` (the upstream package) is
+importable, its two stores are measured too. Run with `uv run python bench/media_put.py [--mib 64] [--runs 3]`.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -46,6 +49,18 @@ async def time_put(data: bytes, make_store: Callable[[Path], MediaStore]) -> tup
     return elapsed, closing
 
 
+def harness_stores() -> list[tuple[str, Callable[[Path], Any]]]:
+    """The upstream package's Disk and SQLite media stores, if it is installed."""
+    try:
+        upstream = importlib.import_module('pydantic_ai_harness.media')
+    except ImportError:
+        return []
+    return [
+        ('harness Disk put', lambda root: upstream.DiskMediaStore(root / 'media')),
+        ('harness SQLite put', lambda root: upstream.SqliteMediaStore(database=root / 'media.db')),
+    ]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--mib', type=int, default=64, help='payload size in MiB (default 64)')
@@ -56,6 +71,7 @@ async def main() -> None:
     stores: list[tuple[str, Callable[[Path], MediaStore]]] = [
         ('DiskMediaStore.put', lambda root: DiskMediaStore(root / 'media')),
         ('SqliteMediaStore.put', lambda root: SqliteMediaStore(database=root / 'media.db')),
+        *harness_stores(),
     ]
 
     # Each run times the hash right before each put, and the ratio is taken per run, so load
