@@ -171,7 +171,7 @@ async def test_bytes_this_process_stored_are_not_sent_again(kind: str, tmp_path:
     assert snapshot.messages[0].parts[0].content[1].data == IMAGE  # type: ignore[union-attr, index]
 
 
-def test_a_binary_is_hashed_once_while_it_holds_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_binary_is_hashed_once_while_it_holds_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Histories carry the same `BinaryContent` objects from run to run; their bytes are hashed once."""
     import gc
 
@@ -187,20 +187,47 @@ def test_a_binary_is_hashed_once_while_it_holds_the_same_bytes(monkeypatch: pyte
     monkeypatch.setattr(_message_log.hashlib, 'sha256', counting_sha256)
     memo = _message_log._HashedBinaries()  # pyright: ignore[reportPrivateUsage]
     image = BinaryContent(IMAGE, media_type='image/png')
-    first = memo.digest_and_identifier(image)
+    first = await memo.digest_and_identifier(image)
     assert first == (real_sha256(IMAGE).digest(), image.identifier)
-    assert memo.digest_and_identifier(image) == first and hashed == [len(IMAGE)]
+    assert await memo.digest_and_identifier(image) == first and hashed == [len(IMAGE)]
 
     image.data = IMAGE[::-1]  # new bytes on the same object: hashed again
-    assert memo.digest_and_identifier(image) == (real_sha256(IMAGE[::-1]).digest(), image.identifier)
+    assert await memo.digest_and_identifier(image) == (real_sha256(IMAGE[::-1]).digest(), image.identifier)
     assert len(hashed) == 2
 
     named = BinaryContent(IMAGE, media_type='image/png', identifier='chart-1')
-    assert memo.digest_and_identifier(named)[1] == 'chart-1'
+    assert (await memo.digest_and_identifier(named))[1] == 'chart-1'
 
     del image, named
     gc.collect()
     assert memo._entries == {}  # pyright: ignore[reportPrivateUsage]  # the memo holds its objects weakly
+
+
+async def test_a_large_binary_is_hashed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both hashes of a payload of a MiB or more run on worker threads, so other runs keep going."""
+    import threading
+
+    from pydantic_ai_steps.step_persistence import _message_log
+
+    threads: list[int] = []
+    real_sha256 = hashlib.sha256
+
+    def recording_sha256(data: bytes = b'', **options: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real_sha256(data, **options)
+
+    monkeypatch.setattr(_message_log.hashlib, 'sha256', recording_sha256)
+    memo = _message_log._HashedBinaries()  # pyright: ignore[reportPrivateUsage]
+    large = BinaryContent(IMAGE * (_message_log.OFF_LOOP_HASH_BYTES // len(IMAGE)), media_type='image/png')
+    small = BinaryContent(IMAGE, media_type='image/png')
+    loop_thread = threading.get_ident()
+
+    assert await memo.digest_and_identifier(large) == (real_sha256(large.data).digest(), large.identifier)
+    assert len(threads) == 1 and threads[0] != loop_thread
+    assert await memo.digest_and_identifier(small) == (real_sha256(IMAGE).digest(), small.identifier)
+    assert threads[1] == loop_thread  # below the size, hashing on the loop is cheaper than a hand-off
+    named = BinaryContent(large.data, media_type='image/png', identifier='scan-7')
+    assert await memo.digest_and_identifier(named) == (real_sha256(large.data).digest(), 'scan-7')
 
 
 @pytest.mark.parametrize('durable', [False, True])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, cast
 
+import anyio
 from pydantic_ai.messages import BinaryContent, ModelMessage
 
 from ..media._context import MediaContext
@@ -40,6 +41,7 @@ from ._history import (
     messages_from_json,
 )
 from ._records import ContinuableSnapshot, SnapshotState
+from .stores._offload import run_blocking
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
 logger = logging.getLogger('pydantic_ai_steps')
@@ -279,7 +281,7 @@ class MessageLog:
         if len(binary.data) < self.threshold_bytes:
             return binary
         assert self.media_store is not None
-        digest, identifier = self._hashed.digest_and_identifier(binary)
+        digest, identifier = await self._hashed.digest_and_identifier(binary)
         if digest in self._stored_blobs:
             # Content-addressed and never deleted by any store: the same bytes (say, an image sent
             # in every turn) are not sent to the media store again.
@@ -312,29 +314,64 @@ class _HashedBinaries:
     (sha256 for its address, sha1 for pydantic-ai's `identifier`) costs more than the rest of the
     snapshot. Entries are keyed by object identity, hold the object weakly (an entry leaves with
     its object), and are used only while the object still holds the same `data`.
+
+    A payload of `OFF_LOOP_HASH_BYTES` or more is hashed on worker threads, both hashes side by
+    side (`hashlib` releases the GIL), so the event loop keeps serving other runs meanwhile: about
+    1.6 ms of hashing per MiB would otherwise stall it.
     """
 
     def __init__(self) -> None:
         self._entries: dict[int, _HashedBinary] = {}
 
-    def digest_and_identifier(self, binary: BinaryContent) -> tuple[bytes, str]:
+    async def digest_and_identifier(self, binary: BinaryContent) -> tuple[bytes, str]:
         """`sha256(binary.data)` and `binary.identifier`, each computed once per object and data."""
         key = id(binary)
         entry = self._entries.get(key)
+        explicit = binary._identifier  # pyright: ignore[reportPrivateUsage]
         if entry is None or entry.ref() is not binary or entry.data is not binary.data:
             entries = self._entries
 
             def forget(_: object, key: int = key) -> None:
                 entries.pop(key, None)
 
-            entry = _HashedBinary(weakref.ref(binary, forget), binary.data, hashlib.sha256(binary.data).digest())
+            data = binary.data
+            if len(data) >= OFF_LOOP_HASH_BYTES:
+                digest, identifier = await _hash_off_loop(binary, derive_identifier=not explicit)
+            else:
+                digest, identifier = hashlib.sha256(data).digest(), None
+            entry = _HashedBinary(weakref.ref(binary, forget), data, digest, identifier)
             entries[key] = entry
-        explicit = binary._identifier  # pyright: ignore[reportPrivateUsage]
         if explicit:
             return entry.digest, explicit
         if entry.identifier is None:
             entry.identifier = binary.identifier  # derived from the data: a hash of its own
         return entry.digest, entry.identifier
+
+
+OFF_LOOP_HASH_BYTES = 1 << 20
+"""`BinaryContent` payloads at least this large are hashed on worker threads (see `_HashedBinaries`)."""
+
+
+async def _hash_off_loop(binary: BinaryContent, *, derive_identifier: bool) -> tuple[bytes, str | None]:
+    """sha256 of `binary.data` and, if asked, `binary.identifier`, on two worker threads at once."""
+    data = binary.data
+    results: dict[str, Any] = {}
+
+    async def digest() -> None:
+        results['digest'] = await run_blocking(_sha256_digest, data)
+
+    async def identifier() -> None:
+        results['identifier'] = await run_blocking(getattr, binary, 'identifier')
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(digest)
+        if derive_identifier:
+            group.start_soon(identifier)
+    return results['digest'], results.get('identifier')
+
+
+def _sha256_digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
 
 
 @dataclass
