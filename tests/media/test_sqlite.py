@@ -352,3 +352,52 @@ async def test_synchronous_is_normal_unless_durable(tmp_path: Path, durable: boo
     assert connection is not None
     assert connection.execute('PRAGMA synchronous').fetchone()[0] == level  # 1 NORMAL, 2 FULL
     store.close()
+
+
+_PUT_AND_REPORT = """
+import asyncio, sys
+from pydantic_ai_steps.media import SqliteMediaStore
+
+async def main() -> None:
+    store = SqliteMediaStore(database=sys.argv[1])
+    await store.put(b'seed')
+    print('ready', flush=True)
+    await store.put(bytes(range(256)) * (96 * 4096))  # 96 MiB: 96 chunk rows
+    print('stored', flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_a_chunked_put_killed_midway_leaves_no_row_and_no_chunks(tmp_path: Path) -> None:
+    """SIGKILL at random moments of a 96 MiB put: the blob is whole or absent, never partial."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    payload_uri = media_uri_for(bytes(range(256)) * (96 * 4096))
+    rng = random.Random('chunked-put')
+    outcomes: set[str] = set()
+    for attempt in range(6):
+        path = tmp_path / f'killed-{attempt}.db'
+        child = subprocess.Popen([sys.executable, '-c', _PUT_AND_REPORT, str(path)], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None and child.stdout.readline() == 'ready\n'
+        time.sleep(rng.uniform(0.0, 0.25))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        store = SqliteMediaStore(database=path)
+        stored = anyio.run(store.exists, payload_uri)
+        chunks = _stored_chunks(path)
+        if stored:
+            assert anyio.run(store.get, payload_uri) == bytes(range(256)) * (96 * 4096)
+            assert len(chunks) == 1
+            outcomes.add('stored')
+        else:
+            assert chunks == {}, 'chunks of an uncommitted put are visible'
+            outcomes.add('absent')
+        assert anyio.run(store.get, media_uri_for(b'seed')) == b'seed'
+        store.close()
+    assert 'absent' in outcomes, outcomes  # at least one kill landed inside the put
