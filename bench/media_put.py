@@ -62,7 +62,7 @@ def harness_stores() -> list[tuple[str, Callable[[Path], Any]]]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').splitlines()[0])
     parser.add_argument('--mib', type=int, default=64, help='payload size in MiB (default 64)')
     parser.add_argument('--runs', type=int, default=3, help='runs per row; medians are shown (default 3)')
     args = parser.parse_args()

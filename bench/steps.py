@@ -334,7 +334,7 @@ def report(backends: list[Backend], agent_step: dict[int, float], short_baseline
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').splitlines()[0])
     parser.add_argument('--quick', action='store_true', help='small workloads, for a smoke test')
     args = parser.parse_args()
     repeats_100, repeats_400, short_count, list_count = (1, 1, 20, 1000) if args.quick else (5, 5, 200, 10_000)
