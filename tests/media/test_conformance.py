@@ -20,12 +20,19 @@ class TestDiskMediaStore(MediaStoreConformance):
         return DiskMediaStore(tmp_path / 'media')
 
 
+CHUNK_SIZES = [
+    pytest.param(SqliteMediaStore.chunk_bytes, id='inline'),
+    pytest.param(1000, id='chunked'),  # the whole suite again with payloads over 1,000 bytes in chunks
+]
+
+
 class TestSqliteMediaStoreDatabase(MediaStoreConformance):
     metadata_on_repeat_put = 'first'
 
-    @pytest.fixture
-    def media_store(self, tmp_path: Path) -> Iterator[SqliteMediaStore]:
+    @pytest.fixture(params=CHUNK_SIZES)
+    def media_store(self, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SqliteMediaStore]:
         store = SqliteMediaStore(database=tmp_path / 'media.sqlite3')
+        store.chunk_bytes = request.param
         yield store
         store.close()
 
@@ -33,33 +40,10 @@ class TestSqliteMediaStoreDatabase(MediaStoreConformance):
 class TestSqliteMediaStoreConnection(MediaStoreConformance):
     metadata_on_repeat_put = 'first'
 
-    @pytest.fixture
-    def media_store(self, tmp_path: Path) -> Iterator[SqliteMediaStore]:
+    @pytest.fixture(params=CHUNK_SIZES)
+    def media_store(self, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SqliteMediaStore]:
         connection = sqlite3.connect(tmp_path / 'shared.sqlite3', check_same_thread=False)
-        yield SqliteMediaStore(connection=connection, table='blobs')
-        connection.close()
-
-
-class TestSqliteMediaStoreChunked(MediaStoreConformance):
-    """The whole suite again with payloads over 1,000 bytes stored in chunks."""
-
-    metadata_on_repeat_put = 'first'
-
-    @pytest.fixture
-    def media_store(self, tmp_path: Path) -> Iterator[SqliteMediaStore]:
-        store = SqliteMediaStore(database=tmp_path / 'chunked.sqlite3')
-        store.chunk_bytes = 1000
-        yield store
-        store.close()
-
-
-class TestSqliteMediaStoreChunkedOnAConnection(MediaStoreConformance):
-    metadata_on_repeat_put = 'first'
-
-    @pytest.fixture
-    def media_store(self, tmp_path: Path) -> Iterator[SqliteMediaStore]:
-        connection = sqlite3.connect(tmp_path / 'shared-chunked.sqlite3', check_same_thread=False)
         store = SqliteMediaStore(connection=connection, table='blobs')
-        store.chunk_bytes = 1000
+        store.chunk_bytes = request.param
         yield store
         connection.close()
