@@ -110,6 +110,9 @@ reap() {
   done
 }
 
+# seconds_since EPOCHREALTIME : the time elapsed since then, in seconds with one decimal.
+seconds_since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+
 # env_fragment NAME < lines : the service's `export ...` lines, concatenated into $STATE/env.
 env_fragment() { cat >"$STATE/env.d/$1"; }
 
@@ -473,8 +476,13 @@ svc_start() {
   svc_stop >/dev/null 2>&1 || true
   mkdir -p "$STATE/log" "$STATE/env.d"
   rm -f "$STATE/env" "$STATE"/env.d/*
-  local s
-  for s in "${SERVICES[@]}"; do "${s}_start"; done
+  local s t0 took=()
+  for s in "${SERVICES[@]}"; do
+    t0=$EPOCHREALTIME
+    "${s}_start"
+    took+=("$s $(seconds_since "$t0")")
+  done
+  log "ready (seconds to start each): ${took[*]}"
   (
     umask 077
     echo "# written by scripts/services.sh start; source it before running the live tests"
