@@ -319,6 +319,10 @@ pg_bindir() {
 postgres_install() {
   [ -n "$(pg_bindir)" ] && return 0
   export DEBIAN_FRONTEND=noninteractive
+  # Without this the package creates (and, where services may start, starts) a `main` cluster on
+  # port 5432; the tests only ever use the throwaway clusters made below.
+  mkdir -p /etc/postgresql-common/createcluster.d
+  echo 'create_main_cluster = off' >/etc/postgresql-common/createcluster.d/steps-no-main-cluster.conf
   apt-get update -qq >/dev/null
   apt-get install -y -qq postgresql >/dev/null
   [ -n "$(pg_bindir)" ] || die "apt-get install postgresql gave no /usr/lib/postgresql/*/bin/initdb"
