@@ -8,6 +8,20 @@ import sqlite3
 import threading
 import time
 from collections.abc import Generator
+from pathlib import Path
+
+
+def create_private_file(path: Path) -> None:
+    """Create `path` readable by its owner only, if it does not exist, before SQLite opens it.
+
+    SQLite creates its `-wal` and `-shm` files with the database file's permissions, so the
+    whole database stays owner-only: it holds prompts and tool results.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0), 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
 
 
 def require_cross_thread_use(connection: sqlite3.Connection, owner: str) -> None:

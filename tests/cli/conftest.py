@@ -25,7 +25,6 @@ import anyio
 import pytest
 
 from pydantic_ai_steps.cli import main
-from pydantic_ai_steps.cli._stores import close_store
 from pydantic_ai_steps.step_persistence import StepStore
 
 from .populate import Population, populate
@@ -203,4 +202,4 @@ async def populate_and_close(store: StepStore) -> Population:
     try:
         return await populate(store)
     finally:
-        await close_store(store)
+        await store.aclose()

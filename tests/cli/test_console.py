@@ -16,7 +16,6 @@ import anyio
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter, UserPromptPart
 
-from pydantic_ai_steps.cli._stores import close_store
 from pydantic_ai_steps.media import media_uri_for
 from pydantic_ai_steps.step_persistence import ContinuableSnapshot, RunRecord, StepStore
 
@@ -219,7 +218,7 @@ def test_continue_prints_a_history_ready_for_message_history(populated: Populate
         try:
             return await store.latest_snapshot(run_id=runs.librarian)
         finally:
-            await close_store(store)
+            await store.aclose()
 
     snapshot = anyio.run(latest)
     assert snapshot is not None
@@ -256,7 +255,7 @@ async def register_and_close(store: StepStore, record: RunRecord) -> None:
     try:
         await store.register_run(record)
     finally:
-        await close_store(store)
+        await store.aclose()
 
 
 def test_no_snapshot_is_one_line(tmp_path: Path) -> None:
@@ -278,8 +277,8 @@ def test_no_snapshot_is_one_line(tmp_path: Path) -> None:
         ('{tmp}/missing', "no store at '{tmp}/missing'; a bare path must end in .db"),
         ('sqlite://host/x.db', "bad SQLite store URL 'sqlite://host/x.db'"),
         (
-            'mongodb://localhost/x',
-            "unknown store scheme 'mongodb:' in 'mongodb://localhost/x'; known schemes: sqlite:, file:",
+            'redis://localhost/x',
+            "unknown store scheme 'redis:' in 'redis://localhost/x'; known schemes: sqlite:, file:, memory:",
         ),
         ('{tmp}/notes.txt', "'{tmp}/notes.txt' is neither a SQLite database nor a directory"),
     ],

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
 
 from pydantic_ai_steps.cli import _inspect
 from pydantic_ai_steps.cli._errors import CliError
-from pydantic_ai_steps.step_persistence import InMemoryStepStore, RunRecord, StepEvent
+from pydantic_ai_steps.step_persistence import InMemoryStepStore, RunRecord, SqliteStepStore, StepEvent
 
 from .populate import populate
 
@@ -77,12 +80,16 @@ async def test_tool_effects_lists_the_whole_ledger_in_call_order() -> None:
     assert [(e.tool_name, e.status) for e in failed] == [('explode', 'failed')]
 
 
-async def test_require_run_names_the_store_and_the_listing_command() -> None:
-    store = InMemoryStepStore()
+async def test_require_run_names_the_store_and_the_listing_command(tmp_path: Path) -> None:
+    store = SqliteStepStore(database=tmp_path / 's.db')
     with pytest.raises(CliError, match=r"no run 'nope' in memory://x \(`pydantic-ai-steps runs --store memory://x`"):
         await _inspect.require_run(store, 'nope', 'memory://x')
+    await store.register_run(RunRecord(run_id='orphan'))
     await store.append_event(StepEvent(run_id='orphan', kind='run_started', step_index=0))
+    with sqlite3.connect(tmp_path / 's.db') as connection:
+        connection.execute("DELETE FROM runs WHERE run_id = 'orphan'")  # a record lost to damage
     assert await _inspect.require_run(store, 'orphan', 'memory://x') is None  # events but no record: inspectable
+    await store.aclose()
 
 
 async def test_store_stats_counts_everything_and_reports_progress() -> None:

@@ -14,6 +14,8 @@ import pytest
 from pydantic_ai_steps.cli import _stores, main
 from pydantic_ai_steps.cli._errors import CliError
 from pydantic_ai_steps.step_persistence import InMemoryStepStore
+from pydantic_ai_steps.store import Probe, registry
+from pydantic_ai_steps.store.protocol import ManagedStepStore
 
 from .populate import populate
 
@@ -32,8 +34,8 @@ from .populate import populate
     ],
 )
 def test_urls(url: str, scheme: str, target: str) -> None:
-    location = _stores.resolve(url)
-    assert (location.backend.scheme, location.target, location.url) == (scheme, target, url)
+    location = _stores.locate(url)
+    assert (location.scheme.scheme, location.target, location.url) == (scheme, target, url)
 
 
 @pytest.mark.parametrize(
@@ -46,115 +48,109 @@ def test_urls(url: str, scheme: str, target: str) -> None:
         ('file://server/share', 'expected file:///absolute/dir or file:relative/dir'),
         ('file:', 'no directory given'),
         (
-            'mongodb://localhost/steps',
-            "unknown store scheme 'mongodb:' in 'mongodb://localhost/steps'; known schemes: sqlite:, file:",
+            'redis://localhost/steps',
+            "unknown store scheme 'redis:' in 'redis://localhost/steps'; known schemes: sqlite:, file:, memory:",
         ),
-        ('', 'empty --store'),
+        ('', 'empty store URL'),
     ],
 )
 def test_bad_urls_say_what_is_expected(value: str, message: str) -> None:
     with pytest.raises(CliError, match=re.escape(message)):
-        _stores.resolve(value)
+        _stores.locate(value)
 
 
 def test_bare_paths(tmp_path: Path) -> None:
-    assert _stores.resolve(str(tmp_path / 'new.db')).backend.scheme == 'sqlite'
-    assert _stores.resolve(str(tmp_path / 'new.sqlite3')).backend.scheme == 'sqlite'
-    assert _stores.resolve('C:\\Users\\me\\steps.db').backend.scheme == 'sqlite'  # a drive letter is no scheme
-    directory = _stores.resolve(str(tmp_path))
-    assert (directory.backend.scheme, directory.url) == ('file', 'file://' + tmp_path.resolve().as_posix())
+    assert _stores.locate(str(tmp_path / 'new.db')).scheme.scheme == 'sqlite'
+    assert _stores.locate(str(tmp_path / 'new.sqlite3')).scheme.scheme == 'sqlite'
+    assert _stores.locate('C:\\Users\\me\\steps.db').scheme.scheme == 'sqlite'  # a drive letter is no scheme
+    directory = _stores.locate(str(tmp_path))
+    assert (directory.scheme.scheme, directory.url) == ('file', 'file://' + tmp_path.resolve().as_posix())
     headerless = tmp_path / 'steps.data'
     sqlite3.connect(headerless).execute('CREATE TABLE t (x)').connection.close()
-    assert _stores.resolve(str(headerless)).backend.scheme == 'sqlite'  # recognised by its header
-    assert _stores.resolve('relative.db').url == 'sqlite:///relative.db'
+    assert _stores.locate(str(headerless)).scheme.scheme == 'sqlite'  # recognised by its header
+    assert _stores.locate('relative.db').url == 'sqlite:///relative.db'
 
 
 def test_bare_paths_that_name_nothing(tmp_path: Path) -> None:
     text = tmp_path / 'notes.txt'
     text.write_text('hello')
     with pytest.raises(CliError, match='is neither a SQLite database nor a directory'):
-        _stores.resolve(str(text))
+        _stores.locate(str(text))
     with pytest.raises(
         CliError, match=r'no store at .*must end in \.db, \.sqlite, \.sqlite3 \(SQLite\) or be an existing'
     ):
-        _stores.resolve(str(tmp_path / 'missing'))
+        _stores.locate(str(tmp_path / 'missing'))
 
 
 def test_open_existing_never_creates_or_touches(tmp_path: Path) -> None:
-    with pytest.raises(CliError, match=r'^no store at sqlite:///.*missing\.db \(.*missing\.db does not exist\)$'):
-        _stores.open_existing(f'sqlite:///{tmp_path}/missing.db')
-    assert not (tmp_path / 'missing.db').exists()
-    with pytest.raises(CliError, match='does not exist'):
-        _stores.open_existing(f'file://{tmp_path}/missing-dir')
+    async def check() -> None:
+        with pytest.raises(CliError, match=r'^no store at sqlite:///.*missing\.db \(.*does not exist\)$'):
+            await _stores.open_existing(f'sqlite:///{tmp_path}/missing.db')
+        assert not (tmp_path / 'missing.db').exists()
+        with pytest.raises(CliError, match='no store at'):
+            await _stores.open_existing(f'file://{tmp_path}/missing-dir')
+        assert not (tmp_path / 'missing-dir').exists()
 
-    other = tmp_path / 'other.db'
-    connection = sqlite3.connect(other)
-    connection.execute('CREATE TABLE notes (x)')
-    connection.close()
-    with pytest.raises(CliError, match='is a SQLite database but not a step store'):
-        _stores.open_existing(str(other))
-    tables = sqlite3.connect(other).execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-    assert tables == [('notes',)]  # checking did not create the store's tables
+        other = tmp_path / 'other.db'
+        connection = sqlite3.connect(other)
+        connection.execute('CREATE TABLE notes (x)')
+        connection.close()
+        with pytest.raises(CliError, match=r'is not a step store: .* has no runs table'):
+            await _stores.open_existing(str(other))
+        tables = sqlite3.connect(other).execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        assert tables == [('notes',)]  # checking did not create the store's tables
 
-    fake = tmp_path / 'fake.db'
-    fake.write_text('not sqlite')
-    with pytest.raises(CliError, match='is not a SQLite database'):
-        _stores.open_existing(str(fake))
+        fake = tmp_path / 'fake.db'
+        fake.write_text('not sqlite')
+        with pytest.raises(CliError, match='is not a SQLite database'):
+            await _stores.open_existing(str(fake))
+
+    anyio.run(check)
 
 
-class _MemoryBackend(_stores.Backend):
-    """A backend added from outside the package: `memory://NAME` stores held in a dict."""
+class _DictScheme(registry.StoreScheme):
+    """A kind of store added from outside the package: `dictmem://NAME` stores held in a dict."""
 
-    scheme = 'memory'
-    example = 'memory://name'
+    scheme = 'dictmem'
+    example = 'dictmem://name'
 
     def __init__(self) -> None:
         self.stores: dict[str, InMemoryStepStore] = {}
 
-    def parse(self, url: str) -> _stores.StoreLocation:
-        return _stores.StoreLocation(self, url.removeprefix('memory://'), url)
+    def parse(self, url: str) -> registry.StoreLocation:
+        return registry.StoreLocation(self, url.removeprefix('dictmem://'), url)
 
-    def exists(self, location: _stores.StoreLocation) -> bool:
-        return location.target in self.stores
-
-    def check_store(self, location: _stores.StoreLocation) -> None:
-        pass
-
-    def open(self, location: _stores.StoreLocation) -> _stores.InspectableStore:
+    def open(self, location: registry.StoreLocation, **options: object) -> ManagedStepStore:
+        if location.target not in self.stores:
+            return _Absent()
         return self.stores[location.target]
 
-    def size_bytes(self, location: _stores.StoreLocation) -> int:
-        return 0
 
-    def media_blobs(self, location: _stores.StoreLocation) -> int | None:
-        return None
-
-    def remove(self, location: _stores.StoreLocation) -> None:
-        self.stores.pop(location.target, None)
+class _Absent(InMemoryStepStore):
+    async def probe(self) -> Probe:
+        return Probe(exists=False, step_store=False)
 
 
 @pytest.fixture
-def memory_backend() -> Iterator[_MemoryBackend]:
-    backend = _MemoryBackend()
-    _stores.register_backend(backend)
+def dict_scheme() -> Iterator[_DictScheme]:
+    kind = _DictScheme()
+    registry.register_scheme(kind)
     try:
-        yield backend
+        yield kind
     finally:
-        del _stores.BACKENDS['memory']
+        del registry.SCHEMES['dictmem']
 
 
-def test_a_new_backend_is_one_registration(memory_backend: _MemoryBackend, capsys: pytest.CaptureFixture[str]) -> None:
-    store = memory_backend.stores['demo'] = InMemoryStepStore()
+def test_a_new_kind_of_store_is_one_registration(dict_scheme: _DictScheme, capsys: pytest.CaptureFixture[str]) -> None:
+    store = dict_scheme.stores['demo'] = InMemoryStepStore()
     population = anyio.run(populate, store)
-    assert main(['runs', '--store', 'memory://demo', '--json']) == 0
+    assert main(['runs', '--store', 'dictmem://demo', '--json']) == 0
     runs = json.loads(capsys.readouterr().out)
     assert {run['run_id'] for run in runs} == set(vars(population).values())
-    assert main(['tree', population.orchestrator, '--store', 'memory://demo']) == 0
+    assert main(['tree', population.orchestrator, '--store', 'dictmem://demo']) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[1].startswith('└─ ' + population.librarian)
-    assert main(['stats', '--store', 'memory://demo']) == 0
-    assert 'media blobs         unknown' in capsys.readouterr().out
-    assert main(['runs', '--store', 'memory://absent']) == 1
-    assert capsys.readouterr().err == (
-        'pydantic-ai-steps: error: no store at memory://absent (absent does not exist)\n'
-    )
+    assert main(['stats', '--store', 'dictmem://demo']) == 0
+    assert re.search(r'media blobs\s+0', capsys.readouterr().out)
+    assert main(['runs', '--store', 'dictmem://absent']) == 1
+    assert capsys.readouterr().err == 'pydantic-ai-steps: error: no store at dictmem://absent\n'

@@ -14,6 +14,8 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps.capability import _internals as capability_module
+from pydantic_ai_steps.capability._writers import ImmediateWriter
 from pydantic_ai_steps.step_persistence import (
     ContinuableSnapshot,
     InMemoryStepStore,
@@ -27,7 +29,6 @@ from pydantic_ai_steps.step_persistence import (
     fork_run,
     is_provider_valid,
 )
-from pydantic_ai_steps.step_persistence import _capability as capability_module
 from pydantic_ai_steps.step_persistence.recovery import inspect_recovery
 
 from .agents import call, scripted
@@ -111,14 +112,16 @@ async def test_without_agent_name_the_run_id_is_pydantic_ais() -> None:
 async def test_derived_id_clash_draws_again_and_children_see_the_new_id(monkeypatch: pytest.MonkeyPatch) -> None:
     store = InMemoryStepStore()
     await store.register_run(RunRecord(run_id='orchestrator-00000000'))
-    original = capability_module._derive_run_id  # pyright: ignore[reportPrivateUsage]
+    from pydantic_ai_steps.capability import _persistence
+
+    original = _persistence.derive_run_id
 
     def clashing(agent_name: str | None, source: str | None, *, attempt: int) -> str:
         if agent_name == 'orchestrator' and attempt == 0:
             return 'orchestrator-00000000'
         return original(agent_name, source, attempt=attempt)
 
-    monkeypatch.setattr(capability_module, '_derive_run_id', clashing)
+    monkeypatch.setattr(_persistence, 'derive_run_id', clashing)
     child = librarian(store, 'child answer')
     orchestrator = Agent(
         scripted([call('ask', 'c1', question='q')], 'done'),
@@ -292,6 +295,10 @@ class DyingStore(InMemoryStepStore):
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         if not self.dead:
             await super().record_tool_effect(record)
+
+    async def write_records(self, **records: Any) -> None:
+        if not self.dead:
+            await super().write_records(**records)
 
 
 async def test_crash_in_a_tool_leaves_the_call_unknown_after_crash() -> None:
@@ -478,6 +485,11 @@ async def test_store_errors_fail_the_run() -> None:
         async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
             raise OSError('disk full')
 
+        async def write_records(self, **records: Any) -> None:
+            if records.get('snapshot') is not None:
+                raise OSError('disk full')
+            await super().write_records(**records)
+
     store = BrokenStore()
     agent = librarian(store, [call('read_file', 'c1', path='a.py')], 'done')
     with pytest.raises(OSError, match='disk full'):
@@ -540,6 +552,8 @@ async def test_durable_operations_dispatch_through_a_registered_engine_and_run_i
 
     store = InMemoryStepStore()
     persistence = StepPersistence[None](store=store, run_id='r')
+    persistence._writer = ImmediateWriter(persistence)  # pyright: ignore[reportPrivateUsage]
+    await store.register_run(RunRecord(run_id='r'))
     dispatched: list[dict[str, object]] = []
 
     async def engine(ctx: RunContext[None], args: tuple[object, ...], kwargs: dict[str, object]) -> None:
@@ -559,7 +573,7 @@ async def test_durable_operations_dispatch_through_a_registered_engine_and_run_i
     assert len(dispatched) == 1
     assert [event.kind for event in await store.list_events(run_id='r')] == ['run_completed']
 
-    inline = capability_module._runs_inline  # pyright: ignore[reportPrivateUsage]
+    inline = capability_module.runs_inline
     assert inline(SimpleNamespace(_durable_operations=None), 'step_persistence', 'append_event')  # pyright: ignore[reportArgumentType]
     assert inline(SimpleNamespace(_durable_operations={}), 'step_persistence', 'append_event')  # pyright: ignore[reportArgumentType]
     # A pydantic-ai without the attribute: leave the decision to its own wrapper.
@@ -669,7 +683,7 @@ async def test_batching_is_off_under_a_durability_engine() -> None:
     """An engine journals each durable operation, so each record is written by its own operation."""
     from types import SimpleNamespace
 
-    free = capability_module._engine_free  # pyright: ignore[reportPrivateUsage]
+    free = capability_module.engine_free
     assert free(SimpleNamespace(_durable_operations=None), 'step_persistence')  # pyright: ignore[reportArgumentType]
     assert free(SimpleNamespace(_durable_operations={('other', 'x'): 1}), 'step_persistence')  # pyright: ignore[reportArgumentType]
     assert not free(

@@ -23,10 +23,10 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
+from pydantic_ai_steps.capability._validity import ProviderValidity
 from pydantic_ai_steps.media import DiskMediaStore
 from pydantic_ai_steps.step_persistence import ContinuableSnapshot, is_provider_valid
-from pydantic_ai_steps.step_persistence._helpers import ProviderValidity
-from pydantic_ai_steps.step_persistence._history import (
+from pydantic_ai_steps.store.history import (
     PATCH_PREFIX,
     TAIL,
     HistoryTracker,
@@ -39,7 +39,7 @@ from pydantic_ai_steps.step_persistence._history import (
     patch_base_index,
     resolve_history,
 )
-from pydantic_ai_steps.step_persistence._message_log import MessageLog, PreparedSnapshot
+from pydantic_ai_steps.store.message_log import MessageLog, PreparedSnapshot
 from pydantic_ai_steps.testing.step_store import message_strategy
 
 

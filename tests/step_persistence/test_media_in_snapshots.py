@@ -175,7 +175,7 @@ async def test_a_binary_is_hashed_once_while_it_holds_the_same_bytes(monkeypatch
     """Histories carry the same `BinaryContent` objects from run to run; their bytes are hashed once."""
     import gc
 
-    from pydantic_ai_steps.step_persistence import _message_log
+    from pydantic_ai_steps.store import _hashing as _message_log
 
     hashed: list[int] = []
     real_sha256 = hashlib.sha256
@@ -185,7 +185,7 @@ async def test_a_binary_is_hashed_once_while_it_holds_the_same_bytes(monkeypatch
         return real_sha256(data, **options)
 
     monkeypatch.setattr(_message_log.hashlib, 'sha256', counting_sha256)
-    memo = _message_log._HashedBinaries()  # pyright: ignore[reportPrivateUsage]
+    memo = _message_log.HashedBinaries()  # pyright: ignore[reportPrivateUsage]
     image = BinaryContent(IMAGE, media_type='image/png')
     first = await memo.digest_and_identifier(image)
     assert first == (real_sha256(IMAGE).digest(), image.identifier)
@@ -207,7 +207,7 @@ async def test_a_large_binary_is_hashed_off_the_event_loop(monkeypatch: pytest.M
     """Both hashes of a payload of a MiB or more run on worker threads, so other runs keep going."""
     import threading
 
-    from pydantic_ai_steps.step_persistence import _message_log
+    from pydantic_ai_steps.store import _hashing as _message_log
 
     threads: list[int] = []
     real_sha256 = hashlib.sha256
@@ -217,7 +217,7 @@ async def test_a_large_binary_is_hashed_off_the_event_loop(monkeypatch: pytest.M
         return real_sha256(data, **options)
 
     monkeypatch.setattr(_message_log.hashlib, 'sha256', recording_sha256)
-    memo = _message_log._HashedBinaries()  # pyright: ignore[reportPrivateUsage]
+    memo = _message_log.HashedBinaries()  # pyright: ignore[reportPrivateUsage]
     large = BinaryContent(IMAGE * (_message_log.OFF_LOOP_HASH_BYTES // len(IMAGE)), media_type='image/png')
     small = BinaryContent(IMAGE, media_type='image/png')
     loop_thread = threading.get_ident()

@@ -13,10 +13,10 @@ import anyio
 import pytest
 
 from pydantic_ai_steps.step_persistence import FileStepStore, RunRecord, SqliteStepStore, StepEvent, ToolEffectRecord
-from pydantic_ai_steps.step_persistence.stores import _offload as offload_module
-from pydantic_ai_steps.step_persistence.stores import file as file_module
-from pydantic_ai_steps.step_persistence.stores import sqlite as sqlite_module
-from pydantic_ai_steps.step_persistence.stores._offload import held, run_blocking, run_soon
+from pydantic_ai_steps.store.backends import _offload as offload_module
+from pydantic_ai_steps.store.backends._offload import held, run_blocking, run_soon
+from pydantic_ai_steps.store.backends.file import _backend as file_module
+from pydantic_ai_steps.store.backends.sqlite import _backend as sqlite_module
 from pydantic_ai_steps.testing.step_store import dump, tool_cycle
 from pydantic_ai_steps.testing.step_store import snapshot as make_snapshot
 
@@ -173,11 +173,11 @@ async def test_sqlite_store_checkpoints_its_wal_on_a_thread_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SQLite's checkpoints (inside a commit) are off on the store's connection; the store's bound the WAL."""
-    monkeypatch.setattr(sqlite_module, '_WAL_LIMIT_BYTES', 4 << 20)
+    monkeypatch.setattr(sqlite_module, 'WAL_LIMIT_BYTES', 4 << 20)
     store = SqliteStepStore(database=tmp_path / 's.db')
     await store.register_run(RunRecord(run_id='r'))
     checkpoints: list[str] = []
-    checkpointer = store._checkpointer  # pyright: ignore[reportPrivateUsage]
+    checkpointer = store.backend._checkpointer  # type: ignore[attr-defined]  # pyright: ignore
     assert checkpointer is not None
     real_request = checkpointer.request
 

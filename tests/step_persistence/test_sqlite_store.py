@@ -17,7 +17,7 @@ from pydantic_ai_steps.step_persistence import (
     StepEvent,
     ToolEffectRecord,
 )
-from pydantic_ai_steps.step_persistence.stores import sqlite as sqlite_module
+from pydantic_ai_steps.store.backends.sqlite import _backend as sqlite_module
 from pydantic_ai_steps.testing.step_store import T0, dump
 
 from .builders import history, snap
@@ -72,6 +72,7 @@ async def test_one_connection_serves_every_call(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(sqlite_module.sqlite3, 'connect', counting_connect)
     store = SqliteStepStore(database=tmp_path / 's.db', media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
     for step in range(1, 20):
         await store.append_event(StepEvent(run_id='r', kind='model_request_started', step_index=step))
         await store.save_snapshot(snap('r', history(step), step))
@@ -85,6 +86,7 @@ async def test_one_connection_serves_every_call(tmp_path: Path, monkeypatch: pyt
 
 async def test_memory_database_keeps_its_data_between_calls() -> None:
     store = SqliteStepStore(database=':memory:', media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
     await store.save_snapshot(snap('r', history(2)))
     latest = await store.latest_snapshot(run_id='r')
     assert latest is not None and dump(latest.messages) == dump(history(2))
@@ -95,7 +97,7 @@ async def test_memory_database_keeps_its_data_between_calls() -> None:
 async def test_durable_chooses_the_synchronous_level(tmp_path: Path, durable: bool, level: int) -> None:
     store = SqliteStepStore(database=tmp_path / 's.db', media_store=None, durable=durable)
     await store.register_run(RunRecord(run_id='r'))
-    conn = store._connection  # pyright: ignore[reportPrivateUsage]
+    conn = store.backend._connection  # type: ignore[attr-defined]  # pyright: ignore
     assert conn is not None
     assert conn.execute('PRAGMA synchronous').fetchone()[0] == level
     assert conn.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
@@ -173,12 +175,16 @@ async def test_old_database_gains_the_state_column_and_old_rows_read_complete(tm
     latest = await store.latest_snapshot(run_id='old')
     assert latest is not None and latest.state == 'complete' and latest.step_index == 2
     assert dump(latest.messages) == dump(history(2))
+    # Reading changed nothing: a database is migrated by its first write, never by a read.
+    columns = {row[1] for row in query(database, 'PRAGMA table_info(snapshots)')}
+    assert 'state' not in columns
+    assert ('schema_version',) not in query(database, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    # The first write migrates; the migrated database takes new writes, message-once, after the old rows.
+    await store.save_snapshot(snap('old', history(3), 3, state='interrupted', idempotency_key='k3'))
     columns = {row[1] for row in query(database, 'PRAGMA table_info(snapshots)')}
     assert {'state', 'idempotency_key', 'message_count', 'log_size'} <= columns
-    assert query(database, 'SELECT state FROM snapshots ORDER BY seq') == [('complete',), ('complete',)]
+    assert query(database, 'SELECT state FROM snapshots WHERE seq <= 2 ORDER BY seq') == [('complete',), ('complete',)]
     assert query(database, 'SELECT MAX(version) FROM schema_version') == [(sqlite_module.SCHEMA_VERSION,)]
-    # The migrated database takes new writes, message-once, after the old rows.
-    await store.save_snapshot(snap('old', history(3), 3, state='interrupted', idempotency_key='k3'))
     await store.save_snapshot(snap('old', history(3), 4, idempotency_key='k3'))  # replay: dropped
     newest = await store.latest_snapshot(run_id='old', include_interrupted=True)
     assert newest is not None and newest.state == 'interrupted' and dump(newest.messages) == dump(history(3))
@@ -187,7 +193,7 @@ async def test_old_database_gains_the_state_column_and_old_rows_read_complete(tm
     # Opening again does not migrate again.
     reopened = SqliteStepStore(database=database, media_store=None)
     assert len(await reopened.list_snapshots(run_id='old', include_interrupted=True)) == 3
-    assert query(database, 'SELECT COUNT(*) FROM schema_version') == [(1,)]
+    assert query(database, 'SELECT COUNT(*) FROM schema_version') == [(sqlite_module.SCHEMA_VERSION,)]
     reopened.close()
 
 
@@ -225,14 +231,20 @@ async def test_reads_the_upstream_deduplicated_layout(tmp_path: Path) -> None:
             conn.execute('INSERT INTO snapshot_messages VALUES (?, ?)', (digest, text))
             conn.execute('INSERT INTO snapshot_message_refs VALUES (?, ?, ?)', (1, position, digest))
         conn.execute("INSERT INTO snapshot_idempotency_keys VALUES ('up', '0:1:complete')")
+        conn.execute('INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)', ('up', None, None, None, '{}', T0.isoformat()))
     store = SqliteStepStore(database=database, media_store=None)
     latest = await store.latest_snapshot(run_id='up')
     assert latest is not None and dump(latest.messages) == dump(history(1))
     await store.save_snapshot(snap('up', history(2), 2, idempotency_key='0:1:complete'))  # an upstream key
     await store.save_snapshot(snap('up', history(2), 2, idempotency_key='1:2:complete'))
     assert [s.step_index for s in await store.list_snapshots(run_id='up')] == [1, 2]
+    # What the upstream package relies on stays in place, so an upstream process can keep writing.
     triggers = query(database, "SELECT name FROM sqlite_master WHERE type = 'trigger'")
-    assert ('snapshots_idempotency_ignore',) not in triggers
+    assert ('snapshots_idempotency_ignore',) in triggers
+    assert query(database, "SELECT idempotency_key FROM snapshot_idempotency_keys WHERE run_id = 'up' ORDER BY 1") == [
+        ('0:1:complete',),
+        ('1:2:complete',),
+    ]
     store.close()
 
 
@@ -255,6 +267,7 @@ async def test_damaged_snapshot_rows_fall_back_to_the_newest_readable(
 ) -> None:
     database = tmp_path / 's.db'
     store = SqliteStepStore(database=database, media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
     for step in (1, 2, 3, 4):
         await store.save_snapshot(snap('r', history(step), step))
     store.close()
@@ -275,6 +288,7 @@ async def test_damaged_snapshot_rows_fall_back_to_the_newest_readable(
 async def test_snapshot_with_missing_log_rows_is_skipped(tmp_path: Path) -> None:
     database = tmp_path / 's.db'
     store = SqliteStepStore(database=database, media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
     await store.save_snapshot(snap('r', history(1), 1))
     await store.save_snapshot(snap('r', history(2), 2))
     with sqlite3.connect(database) as conn:
@@ -291,6 +305,7 @@ async def test_snapshot_with_missing_log_rows_is_skipped(tmp_path: Path) -> None
 async def test_damaged_run_event_and_effect_rows_are_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     database = tmp_path / 's.db'
     store = SqliteStepStore(database=database, media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
     for name in ('good', 'bad'):
         await store.register_run(RunRecord(run_id=name, conversation_id='c', started_at=T0))
         await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0, timestamp=T0))
@@ -319,6 +334,7 @@ async def test_damaged_run_event_and_effect_rows_are_skipped(tmp_path: Path, cap
 async def test_two_stores_writing_one_run_stay_exact(tmp_path: Path) -> None:
     first = SqliteStepStore(database=tmp_path / 's.db', media_store=None)
     second = SqliteStepStore(database=tmp_path / 's.db', media_store=None)
+    await first.register_run(RunRecord(run_id='r'))
     expected: list[bytes] = []
     for step in range(1, 7):
         writer = first if step % 3 else second
@@ -345,6 +361,7 @@ async def test_shared_connection_with_media_under_concurrent_runs(tmp_path: Path
         return [*history(step), ModelRequest(parts=[UserPromptPart(prompt, timestamp=T0)], timestamp=T0)]
 
     async def one_run(run: int) -> None:
+        await store.register_run(RunRecord(run_id=f'r{run}'))
         for step in range(1, 5):
             await store.save_snapshot(snap(f'r{run}', big(run, step), step))
 

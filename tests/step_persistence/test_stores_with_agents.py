@@ -54,6 +54,9 @@ class Tee:
 
     async def write_records(self, *, snapshot: ContinuableSnapshot | None = None, **records: Any) -> None:
         await self.primary.write_records(snapshot=snapshot, **records)
+        run = records.get('run')
+        if run is not None:
+            await self.witness.register_run(run)
         if snapshot is not None:
             await self.witness.save_snapshot(snapshot)
 

@@ -17,12 +17,14 @@ from typing import Any, TextIO
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
 from ..step_persistence import ContinuableSnapshot, continue_run
-from ..step_persistence._codec import event_to_dict, run_to_dict, tool_effect_to_dict
+from ..store.codec import effect_dict, event_dict, run_dict
+from ..store.protocol import ManagedStepStore
+from ..store.registry import StoreLocation
 from . import _inspect
 from ._errors import CliError
 from ._messages import media_policy, render_messages
 from ._render import STATUS_COLOURS, Cell, ProgressLine, Style, TreeNode, size, table, terminal_width, tree, when
-from ._stores import InspectableStore, StoreLocation, close_store, open_existing
+from ._stores import media_blob_count, open_existing
 
 
 @dataclass
@@ -33,7 +35,7 @@ class Output:
     stream: TextIO
     style: Style
     width: int | None
-    opened: list[InspectableStore] = field(default_factory=list['InspectableStore'])
+    opened: list[ManagedStepStore] = field(default_factory=list['ManagedStepStore'])
 
     @classmethod
     def for_stream(cls, stream: TextIO) -> Output:
@@ -46,17 +48,17 @@ class Output:
         json.dump(value, self.stream, indent=2, ensure_ascii=False)
         self.stream.write('\n')
 
-    def open_store(self, args: argparse.Namespace) -> tuple[StoreLocation, InspectableStore]:
+    async def open_store(self, args: argparse.Namespace) -> tuple[StoreLocation, ManagedStepStore]:
         value: str | None = args.store
         if not value:
             raise CliError('no store given: pass --store URL (for example --store sqlite:///steps-demo.db)')
-        location, store = open_existing(value)
+        location, store = await open_existing(value)
         self.opened.append(store)
         return location, store
 
     async def close(self) -> None:
         while self.opened:
-            await close_store(self.opened.pop())
+            await self.opened.pop().aclose()
 
 
 Command = Callable[[argparse.Namespace, Output], Awaitable[None]]
@@ -64,7 +66,7 @@ Command = Callable[[argparse.Namespace, Output], Awaitable[None]]
 
 def summary_dict(summary: _inspect.RunSummary) -> dict[str, Any]:
     return {
-        **run_to_dict(summary.record),
+        **run_dict(summary.record),
         'status': summary.status,
         'steps': summary.steps,
         'events': summary.events,
@@ -92,7 +94,7 @@ def _status(status: str) -> Cell:
 
 async def cmd_runs(args: argparse.Namespace, out: Output) -> None:
     """Table of runs, oldest first, so the newest is the last line (as `list_runs(...)[-1]`)."""
-    _, store = out.open_store(args)
+    _, store = await out.open_store(args)
     with ProgressLine('reading runs') as progress:
         summaries = await _inspect.list_summaries(
             store,
@@ -125,7 +127,7 @@ async def cmd_runs(args: argparse.Namespace, out: Output) -> None:
 
 async def cmd_tree(args: argparse.Namespace, out: Output) -> None:
     """Runs under the runs that delegated them (`parent_run_id`), with status and open effects."""
-    location, store = out.open_store(args)
+    location, store = await out.open_store(args)
     if args.run is not None:
         await _inspect.require_run(store, args.run, location.url)
     with ProgressLine('reading runs') as progress:
@@ -162,11 +164,11 @@ def tree_node(summary: _inspect.RunSummary, style: Style) -> TreeNode:
 
 async def cmd_events(args: argparse.Namespace, out: Output) -> None:
     """A run's event log in append order."""
-    location, store = out.open_store(args)
+    location, store = await out.open_store(args)
     await _inspect.require_run(store, args.run, location.url)
     events = await store.list_events(run_id=args.run)
     if args.json:
-        out.json([event_to_dict(event) for event in events])
+        out.json([event_dict(event) for event in events])
         return
     if not events:
         out.line(f'run {args.run} has no events')
@@ -197,11 +199,11 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> None:
 
 async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
     """The tool side-effect ledger of a run; `started` entries are the ones recovery must decide."""
-    location, store = out.open_store(args)
+    location, store = await out.open_store(args)
     await _inspect.require_run(store, args.run, location.url)
     effects = await _inspect.tool_effects(store, args.run, unresolved_only=args.unresolved)
     if args.json:
-        out.json([{**tool_effect_to_dict(effect), 'unresolved': effect.status == 'started'} for effect in effects])
+        out.json([{**effect_dict(effect), 'unresolved': effect.status == 'started'} for effect in effects])
         return
     if not effects:
         out.line(f'run {args.run} has no ' + ('unresolved tool effects' if args.unresolved else 'tool effects'))
@@ -230,7 +232,7 @@ async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
 
 async def cmd_snapshot(args: argparse.Namespace, out: Output) -> None:
     """The newest continuable snapshot of a run, messages rendered for reading."""
-    location, store = out.open_store(args)
+    location, store = await out.open_store(args)
     await _inspect.require_run(store, args.run, location.url)
     snapshot = await store.latest_snapshot(run_id=args.run, include_interrupted=args.include_interrupted)
     if snapshot is None:
@@ -254,12 +256,13 @@ async def cmd_snapshot(args: argparse.Namespace, out: Output) -> None:
 
 async def cmd_stats(args: argparse.Namespace, out: Output) -> None:
     """Totals of the whole store: how much it holds and what it costs on disk."""
-    location, store = out.open_store(args)
+    location, store = await out.open_store(args)
     with ProgressLine('reading runs') as progress:
+        probe = await store.probe()
         stats = await _inspect.store_stats(
             store,
-            bytes_on_disk=location.backend.size_bytes(location),
-            media_blobs=location.backend.media_blobs(location),
+            bytes_on_disk=probe.size_bytes,
+            media_blobs=await media_blob_count(store.media_store),
             progress=progress,
         )
     if args.json:
@@ -282,7 +285,7 @@ async def cmd_stats(args: argparse.Namespace, out: Output) -> None:
         ['events', f'{stats.events:,}'],
         ['snapshots', f'{stats.snapshots:,} ({stats.interrupted_snapshots:,} interrupted)'],
         ['unresolved effects', (f'{stats.unresolved_effects:,}', 'yellow' if stats.unresolved_effects else '')],
-        ['bytes on disk', size(stats.bytes_on_disk)],
+        ['bytes on disk', size(stats.bytes_on_disk) if stats.bytes_on_disk is not None else 'unknown'],
         ['media blobs', f'{stats.media_blobs:,}' if stats.media_blobs is not None else 'unknown'],
     ]
     out.line(table(None, rows, out.style, width=out.width))
@@ -294,7 +297,7 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
     Each line carries `"type"` (`run`, `event`, `tool_effect`, `snapshot`), so `jq 'select(.type ==
     "event")'` and friends work without knowing the order.
     """
-    location, store = out.open_store(args)
+    location, store = await out.open_store(args)
     record = await _inspect.require_run(store, args.run, location.url)
     # A blocking file in an async command is fine here: the CLI runs nothing else concurrently.
     target = open(args.output, 'w', encoding='utf-8') if args.output else None  # noqa: SIM115, ASYNC230
@@ -302,13 +305,13 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
     try:
         with ProgressLine(f'exporting {args.run}') as progress:
             if record is not None:
-                _jsonl(stream, {'type': 'run', **run_to_dict(record)})
+                _jsonl(stream, {'type': 'run', **run_dict(record)})
             progress(1, 4)
             for event in await store.list_events(run_id=args.run):
-                _jsonl(stream, {'type': 'event', **event_to_dict(event)})
+                _jsonl(stream, {'type': 'event', **event_dict(event)})
             progress(2, 4)
             for effect in await _inspect.tool_effects(store, args.run, unresolved_only=False):
-                _jsonl(stream, {'type': 'tool_effect', **tool_effect_to_dict(effect)})
+                _jsonl(stream, {'type': 'tool_effect', **effect_dict(effect)})
             progress(3, 4)
             for snapshot in await store.list_snapshots(run_id=args.run, include_interrupted=True):
                 _jsonl(stream, {'type': 'snapshot', **snapshot_dict(snapshot)})
@@ -326,7 +329,7 @@ def _jsonl(stream: TextIO, value: dict[str, Any]) -> None:
 
 async def cmd_continue(args: argparse.Namespace, out: Output) -> None:
     """The history to continue a run with, as JSON for `ModelMessagesTypeAdapter.validate_json`."""
-    location, store = out.open_store(args)
+    location, store = await out.open_store(args)
     await _inspect.require_run(store, args.run, location.url)
     try:
         history = await continue_run(store, run_id=args.run, include_interrupted=args.include_interrupted)

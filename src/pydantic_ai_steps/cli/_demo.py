@@ -15,6 +15,7 @@ network is needed.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TextIO, cast
 
@@ -33,6 +35,8 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
 
 from ..step_persistence import continue_run
 from ..step_persistence.recovery import inspect_recovery
+from ..store.protocol import ManagedStepStore
+from ..store.registry import StoreLocation
 from . import _inspect
 from ._commands import tree_node
 from ._demo_story import (
@@ -49,16 +53,17 @@ from ._demo_story import (
 )
 from ._errors import CliError
 from ._render import Style, terminal_width, tree
-from ._stores import InspectableStore, StoreLocation, close_store, resolve
+from ._stores import locate
 
 PROG = 'pydantic-ai-steps'
+STORE_VARIABLE = 'PYDANTIC_AI_STEPS_STORE'
 WORKER_TIMEOUT_SECONDS = 120.0
 """Upper bound on the child process: a wedged worker must fail the demo, not hang it."""
 
 
 def run_demo(*, store: str, keep: bool, model: str | None, stream: TextIO) -> int:
     """Play the story on `store`; returns the exit code."""
-    location = resolve(store)
+    location = locate(store)
     if model is not None:
         check_model(model)
     demo = _Demo(location, model=model, out=_Narrator(stream))
@@ -67,8 +72,15 @@ def run_demo(*, store: str, keep: bool, model: str | None, stream: TextIO) -> in
 
 
 def outbox_for(location: StoreLocation) -> Outbox:
-    """The demo's issue tracker lives beside its store: `steps-demo.db` -> `steps-demo.outbox.jsonl`."""
-    return Outbox(Path(location.target).with_suffix('.outbox.jsonl'))
+    """The demo's issue tracker: beside a SQLite or File store (`steps-demo.db` -> `steps-demo.outbox.jsonl`),
+    in the current directory for a server's store."""
+    if location.scheme.scheme == 'sqlite':
+        path = Path(location.target).resolve()
+        return Outbox(path.with_name(path.stem + '.outbox.jsonl'))
+    if location.scheme.scheme == 'file':
+        path = Path(location.target).resolve()
+        return Outbox(path.with_name(path.name + '.outbox.jsonl'))
+    return Outbox(Path('steps-demo.outbox.jsonl').resolve())
 
 
 class _Narrator:
@@ -125,19 +137,19 @@ class _Demo:
         self.orchestrator_run_id = f'orchestrator-{session}'
         self.orchestrator_conversation = f'demo-{session}-orchestrator'
         self.librarian_conversation = f'demo-{session}-librarian'
-        self.store: InspectableStore | None = None
+        self.store: ManagedStepStore | None = None
 
     def cmd(self, arguments: str, note: str = '') -> None:
         self.out.command(f'{arguments} --store {self.location.url}', note)
 
     async def play(self, keep: bool) -> None:
         started = time.monotonic()
-        note = await self._prepare_store(keep)
         self.store = self.location.open()
         try:
+            note = await self._prepare_store(keep)
             await self._tell(note)
         finally:
-            await close_store(self.store)  # closing also checkpoints SQLite's write-ahead log
+            await self.store.aclose()  # closing also checkpoints SQLite's write-ahead log
         self.out.line(f'\nDone in {time.monotonic() - started:.1f} s. Run `{PROG} --help` for every command.')
 
     async def _tell(self, note: str) -> None:
@@ -163,33 +175,38 @@ class _Demo:
         self.cmd('stats')
 
     async def _prepare_store(self, keep: bool) -> str:
-        """Reset the store unless `--keep`, but only a store whose runs the demo wrote itself."""
-        location = self.location
-        if not location.exists():
+        """Remove the runs the demo wrote last time unless `--keep`; never anything else.
+
+        The demo deletes only runs it can read and that carry its own mark (`written_by`), through
+        the store like any application would; a store holding any other run is refused, and the
+        directory or file the store lives in is never removed.
+        """
+        store = self._store
+        probe = await store.probe()
+        if not probe.exists:
             self.outbox.path.unlink(missing_ok=True)
             return 'new'
-        location.backend.check_store(location)
+        if not probe.step_store:
+            raise CliError(f'refusing to use {self.location.url}: it is not a step store ({probe.detail})')
         if keep:
             return 'kept: --keep adds to the runs already there'
-        existing = location.open()
-        try:
-            runs = await existing.list_runs()
-        finally:
-            await close_store(existing)  # before deleting its files
+        runs = await store.list_runs()
         foreign = [run for run in runs if run.metadata.get('written_by') != DEMO_METADATA['written_by']]
         if foreign:
             raise CliError(
-                f'refusing to reset {location.url}: it holds {len(foreign)} run(s) the demo did not write '
+                f'refusing to reset {self.location.url}: it holds {len(foreign)} run(s) the demo did not write '
                 f'(such as {foreign[0].run_id!r}); pass --keep to add to it, or choose another --store'
             )
         self.outbox.path.unlink(missing_ok=True)
         if not runs:
             return 'empty'
-        location.backend.remove(location)
-        return f'reset: deleted the previous demo store ({len(runs)} runs); --keep keeps it'
+        for run in runs:
+            await store.delete_run(run.run_id)
+        await store.collect_garbage(grace=timedelta(0))
+        return f'reset: deleted the {len(runs)} runs of the previous demo; --keep keeps them'
 
     @property
-    def _store(self) -> InspectableStore:
+    def _store(self) -> ManagedStepStore:
         assert self.store is not None, 'the store opens before the orchestrator runs'
         return self.store
 
@@ -296,8 +313,6 @@ class _Demo:
             sys.executable,
             '-m',
             'pydantic_ai_steps.cli._demo_worker',
-            '--store',
-            self.location.url,
             '--outbox',
             str(self.outbox.path),
             '--parent-run-id',
@@ -310,7 +325,11 @@ class _Demo:
         if self.model is not None:
             command += ['--model', self.model]
         with tempfile.TemporaryFile('w+', encoding='utf-8') as errors:
-            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, encoding='utf-8')
+            # The store's URL goes in the environment, not in argv: a server URL may carry a password.
+            environment = {**os.environ, STORE_VARIABLE: self.location.target}
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=errors, text=True, encoding='utf-8', env=environment
+            )
             watchdog = threading.Timer(WORKER_TIMEOUT_SECONDS, process.kill)
             watchdog.start()
             killed_during: str | None = None

@@ -5,21 +5,22 @@ narrator, `{"side_effect_started": key}` the moment its side-effecting tool is i
 `{"finished": output}` if nobody stops it), and the parent SIGKILLs it on the second kind: a
 real crash in the middle of a tool call, not a simulated exception.
 
-    python -m pydantic_ai_steps.cli._demo_worker --store URL --outbox PATH --parent-run-id ID --conversation ID
+    PYDANTIC_AI_STEPS_STORE=URL python -m pydantic_ai_steps.cli._demo_worker --outbox PATH --parent-run-id ID ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
 
+from ..store.registry import open_step_store
 from ._demo_story import Outbox, ToolHooks, build_librarian, librarian_model
-from ._stores import close_store, resolve
 
 STALL_SECONDS = 60.0
 """How long the side effect "takes": far longer than the parent needs to kill the process."""
@@ -36,7 +37,7 @@ async def _stall(key: str) -> None:
 
 
 async def run(args: argparse.Namespace) -> None:
-    store = resolve(args.store).open()
+    store = open_step_store(os.environ['PYDANTIC_AI_STEPS_STORE'])
     hooks = ToolHooks(say=lambda text: report(say=text), before_side_effect=_stall)
     librarian = build_librarian(
         store, librarian_model(args.model), hooks, Outbox(Path(args.outbox)), parent_run_id=args.parent_run_id
@@ -44,13 +45,12 @@ async def run(args: argparse.Namespace) -> None:
     try:
         result = await librarian.run(args.question, conversation_id=args.conversation)
     finally:
-        await close_store(store)
+        await store.aclose()
     report(finished=result.output)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog='python -m pydantic_ai_steps.cli._demo_worker')
-    parser.add_argument('--store', required=True)
     parser.add_argument('--outbox', required=True)
     parser.add_argument('--parent-run-id', required=True)
     parser.add_argument('--conversation', required=True)

@@ -1,7 +1,7 @@
 """Reading a store for the inspector: run status, run trees, the effect ledger, store totals.
 
-Everything here goes through the `StepStore` protocol (plus `list_snapshots`), so the inspector
-works on any backend, including ones written outside this package. Nothing here formats output.
+Everything here goes through the store's public methods (`ManagedStepStore`), so the inspector
+works on every backend, including ones written outside this package. Nothing here formats output.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..step_persistence import RunRecord, StepEvent, ToolEffectRecord
+from ..store.protocol import ManagedStepStore
 from ._errors import CliError
-from ._stores import InspectableStore
 
 RunStatus = Literal['completed', 'failed', 'unfinished']
 
@@ -59,10 +59,10 @@ class RunSummary:
     children: list[RunSummary] = field(default_factory=list['RunSummary'])
 
 
-async def summarize(store: InspectableStore, record: RunRecord) -> RunSummary:
+async def summarize(store: ManagedStepStore, record: RunRecord) -> RunSummary:
     events = await store.list_events(run_id=record.run_id)
     unresolved = await store.list_unresolved_tool_effects(run_id=record.run_id)
-    status = run_status(events)
+    status = run_status(events)  # the log itself, so a damaged or foreign run record cannot mislead
     return RunSummary(
         record=record,
         status=status,
@@ -74,7 +74,7 @@ async def summarize(store: InspectableStore, record: RunRecord) -> RunSummary:
 
 
 async def list_summaries(
-    store: InspectableStore,
+    store: ManagedStepStore,
     *,
     conversation_id: str | None = None,
     parent_run_id: str | None = None,
@@ -92,7 +92,7 @@ async def list_summaries(
     return summaries
 
 
-async def require_run(store: InspectableStore, run_id: str, store_url: str) -> RunRecord | None:
+async def require_run(store: ManagedStepStore, run_id: str, store_url: str) -> RunRecord | None:
     """The run's record; `CliError` when the store knows nothing of `run_id`.
 
     A run with events but no record (a record lost to damage) is still inspectable, so only a
@@ -105,7 +105,7 @@ async def require_run(store: InspectableStore, run_id: str, store_url: str) -> R
 
 
 async def run_tree(
-    store: InspectableStore, *, root_run_id: str | None = None, progress: Progress = _no_progress
+    store: ManagedStepStore, *, root_run_id: str | None = None, progress: Progress = _no_progress
 ) -> list[RunSummary]:
     """Runs nested under their `parent_run_id`; roots are runs whose parent is not in the store.
 
@@ -137,25 +137,11 @@ def _is_ancestor(candidate: RunSummary, node: RunSummary, by_id: dict[str, RunSu
     return False
 
 
-async def tool_effects(store: InspectableStore, run_id: str, *, unresolved_only: bool) -> list[ToolEffectRecord]:
-    """The ledger of one run, in the order its tool calls started.
-
-    The protocol only lists unresolved effects, so the full ledger is read through the tool-call
-    ids in the event log, plus any unresolved entry the log does not mention.
-    """
-    unresolved = await store.list_unresolved_tool_effects(run_id=run_id)
+async def tool_effects(store: ManagedStepStore, run_id: str, *, unresolved_only: bool) -> list[ToolEffectRecord]:
+    """The ledger of one run, in the order its tool calls started."""
     if unresolved_only:
-        return unresolved
-    effects: dict[str, ToolEffectRecord] = {}
-    for event in await store.list_events(run_id=run_id):
-        if event.kind != 'tool_call_started' or event.tool_call_id is None or event.tool_call_id in effects:
-            continue
-        record = await store.get_tool_effect(run_id=run_id, tool_call_id=event.tool_call_id)
-        if record is not None:
-            effects[event.tool_call_id] = record
-    for record in unresolved:
-        effects.setdefault(record.tool_call_id, record)
-    return list(effects.values())
+        return await store.list_unresolved_tool_effects(run_id=run_id)
+    return await store.list_tool_effects(run_id=run_id)
 
 
 @dataclass(kw_only=True)
@@ -165,12 +151,12 @@ class StoreStats:
     snapshots: int
     interrupted_snapshots: int
     unresolved_effects: int
-    bytes_on_disk: int
+    bytes_on_disk: int | None
     media_blobs: int | None
 
 
 async def store_stats(
-    store: InspectableStore, *, bytes_on_disk: int, media_blobs: int | None, progress: Progress = _no_progress
+    store: ManagedStepStore, *, bytes_on_disk: int | None, media_blobs: int | None, progress: Progress = _no_progress
 ) -> StoreStats:
     """Totals over every run; reads each run's log and snapshots, hence the progress callback."""
     records = await store.list_runs()

@@ -28,6 +28,7 @@ from pydantic_ai.messages import (
 )
 
 from ..media import media_uri_for
+from ..store.protocol import ManagedStepStore
 from ._render import Style, when
 
 PREVIEW_CHARS = 240
@@ -45,12 +46,11 @@ class MediaPolicy:
     threshold_bytes: int | None
 
 
-def media_policy(store: object) -> MediaPolicy:
-    """Read the policy off a store's public attributes (stores without them keep bytes inline)."""
-    if getattr(store, 'media_store', None) is None:
+def media_policy(store: ManagedStepStore) -> MediaPolicy:
+    """The store's own policy: no URI is claimed for bytes a store keeps inline."""
+    if store.media_store is None:
         return MediaPolicy(threshold_bytes=None)
-    threshold = getattr(store, 'media_threshold_bytes', None)
-    return MediaPolicy(threshold_bytes=threshold if isinstance(threshold, int) else 64 * 1024)
+    return MediaPolicy(threshold_bytes=store.media_threshold_bytes)
 
 
 def render_messages(messages: Sequence[ModelMessage], style: Style, policy: MediaPolicy, *, full: bool) -> str:

@@ -1,60 +1,76 @@
 """Step persistence: the capability, the records, the store protocol, stores and helpers.
 
-Stores that need an optional driver (`MongoStepStore`: the `mongodb` extra) are imported on first
-use, so this package and `from pydantic_ai_steps.step_persistence import *` work without it.
+Stores that need an optional driver (`MongoStepStore`: the `mongodb` extra; `PostgresStepStore`:
+the `postgres` extra) are imported on first use, so this package and
+`from pydantic_ai_steps.step_persistence import *` work without them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._errors import InvalidRecordError, InvalidRunIdError, RunAlreadyExistsError, RunNotFoundError, StepsError
 from .._lazy import lazy_loader, star_exports
-from ._capability import StepPersistence
-from ._errors import InvalidRunIdError, RunAlreadyExistsError
-from ._events import SnapshotSaved
-from ._helpers import annotate_tool_effect, continue_run, fork_run, is_provider_valid
-from ._protocol import RecordBatchStore, StepStore
-from ._records import (
+from .._records import (
     ContinuableSnapshot,
+    EffectResolution,
     EventKind,
+    RunQuery,
     RunRecord,
+    RunStatus,
+    SnapshotRef,
     SnapshotState,
     StepEvent,
     ToolEffectRecord,
     ToolEffectStatus,
 )
-from .stores.memory import InMemoryStepStore
+from ..capability import SnapshotSaved, StepPersistence, annotate_tool_effect, is_provider_valid
+from ..store.backends.memory import InMemoryStepStore
+from ..store.protocol import ManagedStepStore, RecordBatchStore, StepStore
+from ..store.registry import open_step_store
+from .recovery import continue_conversation, continue_run, fork_run, run_record_for
 
 if TYPE_CHECKING:
-    from .stores.file import FileStepStore as FileStepStore
-    from .stores.sqlite import SqliteStepStore as SqliteStepStore
+    from ..store.backends.file import FileStepStore as FileStepStore
+    from ..store.backends.sqlite import SqliteStepStore as SqliteStepStore
 
 _LAZY = {
-    'FileStepStore': ('.stores.file', None),
-    'SqliteStepStore': ('.stores.sqlite', None),
-    'MongoStepStore': ('.stores.mongo', 'pymongo'),
-    'PostgresStepStore': ('.stores.postgres', None),
+    'FileStepStore': ('..store.backends.file', None),
+    'SqliteStepStore': ('..store.backends.sqlite', None),
+    'MongoStepStore': ('..store.backends.mongo', 'pymongo'),
+    'PostgresStepStore': ('..store.backends.postgres', None),
 }
 __getattr__ = lazy_loader(__name__, _LAZY)
 
 __all__ = [
     'ContinuableSnapshot',
+    'EffectResolution',
     'EventKind',
     'InMemoryStepStore',
+    'InvalidRecordError',
     'InvalidRunIdError',
+    'ManagedStepStore',
     'RecordBatchStore',
     'RunAlreadyExistsError',
+    'RunNotFoundError',
+    'RunQuery',
     'RunRecord',
+    'RunStatus',
+    'SnapshotRef',
     'SnapshotSaved',
     'SnapshotState',
     'StepEvent',
     'StepPersistence',
     'StepStore',
+    'StepsError',
     'ToolEffectRecord',
     'ToolEffectStatus',
     'annotate_tool_effect',
+    'continue_conversation',
     'continue_run',
     'fork_run',
     'is_provider_valid',
+    'open_step_store',
+    'run_record_for',
 ]
 __all__ += star_exports(__name__, _LAZY)  # pyright: ignore[reportUnsupportedDunderAll]

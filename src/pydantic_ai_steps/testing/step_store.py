@@ -16,81 +16,46 @@ one test must return stores over the *same* storage when your store persists (se
         def make_store(self, tmp_path):
             return lambda **options: MyStore(tmp_path / 'db', **options)
 
-Tests are async (`@pytest.mark.anyio`); the suite declares the `anyio_backend` it runs on.
+Tests are async (`@pytest.mark.anyio`); the suite declares the `anyio_backend` it runs on. The
+published protocol's behaviours are checked for every store; what a store built on
+`StepStoreBase` offers beyond it (queries, the whole ledger, deletion, pruning, garbage
+collection, the stale path) is checked for stores that offer it (`ManagedStepStore`), and
+skipped with the reason for the others.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, cast
+from datetime import timedelta
+from typing import Any, ClassVar
 
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic_ai.messages import (
-    BinaryContent,
     ModelMessage,
-    ModelMessagesTypeAdapter,
     ModelRequest,
     ModelResponse,
-    SystemPromptPart,
     TextPart,
-    ThinkingPart,
     ToolCallPart,
     ToolReturnPart,
     UserPromptPart,
 )
 
-from ..step_persistence import (
-    ContinuableSnapshot,
-    RecordBatchStore,
-    RunAlreadyExistsError,
-    RunRecord,
-    StepEvent,
-    StepStore,
-    ToolEffectRecord,
-)
+from .._errors import RunAlreadyExistsError, RunNotFoundError
+from .._records import RunRecord, StepEvent, ToolEffectRecord
+from ..store.protocol import RecordBatchStore, StepStore
+from ._kernel import KernelConformance
+from ._queries import QueryConformance
+from ._retention import RetentionConformance
+from ._strategies import message_strategy
+from ._support import T0, StoreFactory, all_snapshots, dump, new_run, new_run_id, snapshot, tool_cycle
 
-StoreFactory = Callable[..., StepStore]
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-_ids = itertools.count()
+__all__ = ['StepStoreConformance', 'StoreFactory']
 
 
-def new_run_id(prefix: str = 'run') -> str:
-    return f'{prefix}-{next(_ids)}'
-
-
-def dump(messages: list[ModelMessage]) -> bytes:
-    return ModelMessagesTypeAdapter.dump_json(messages)
-
-
-def tool_cycle(call_id: str = 'c1', prompt: str = 'hi') -> list[ModelMessage]:
-    """A settled history: prompt, tool call, tool return."""
-    return [
-        ModelRequest(parts=[UserPromptPart(prompt, timestamp=T0)], timestamp=T0),
-        ModelResponse(parts=[ToolCallPart('lookup', {'q': prompt}, tool_call_id=call_id)], timestamp=T0),
-        ModelRequest(parts=[ToolReturnPart('lookup', 'found', tool_call_id=call_id, timestamp=T0)], timestamp=T0),
-    ]
-
-
-async def all_snapshots(
-    store: StepStore, run_id: str, *, include_interrupted: bool = False
-) -> list[ContinuableSnapshot]:
-    """Every retained snapshot, oldest first: `list_snapshots`, which every shipped store has."""
-    lister = cast(Any, store).list_snapshots
-    return cast(list[ContinuableSnapshot], await lister(run_id=run_id, include_interrupted=include_interrupted))
-
-
-def snapshot(run_id: str, messages: list[ModelMessage], **fields: Any) -> ContinuableSnapshot:
-    fields.setdefault('step_index', 1)
-    return ContinuableSnapshot(run_id=run_id, messages=messages, **fields)
-
-
-class StepStoreConformance:
+class StepStoreConformance(KernelConformance, QueryConformance, RetentionConformance):
     """Every behaviour the capability and the helpers rely on, for any `StepStore`."""
 
     persistent: ClassVar[bool] = False
@@ -160,8 +125,7 @@ class StepStoreConformance:
 
     @pytest.mark.anyio
     async def test_events_keep_append_order_and_fields(self, store: StepStore) -> None:
-        run_id = new_run_id()
-        await store.register_run(RunRecord(run_id=run_id))
+        run_id = await new_run(store)
         events = [
             StepEvent(run_id=run_id, kind='run_started', step_index=0, timestamp=T0, metadata={'k': 'v'}),
             StepEvent(
@@ -186,7 +150,7 @@ class StepStoreConformance:
 
     @pytest.mark.anyio
     async def test_event_idempotency_key_applies_once_per_run(self, store: StepStore) -> None:
-        run_id, other = new_run_id(), new_run_id()
+        run_id, other = await new_run(store), await new_run(store)
         first = StepEvent(run_id=run_id, kind='run_started', step_index=0, idempotency_key='0:0:run_started:')
         await store.append_event(first)
         await store.append_event(copy.copy(first))
@@ -206,7 +170,7 @@ class StepStoreConformance:
 
     @pytest.mark.anyio
     async def test_latest_snapshot_prefers_complete(self, store: StepStore) -> None:
-        run_id = new_run_id()
+        run_id = await new_run(store)
         assert await store.latest_snapshot(run_id=run_id) is None
         settled = tool_cycle()
         await store.save_snapshot(snapshot(run_id, settled, conversation_id='conv', agent_name='a', timestamp=T0))
@@ -229,7 +193,7 @@ class StepStoreConformance:
     @pytest.mark.anyio
     async def test_snapshots_are_immune_to_later_mutation(self, store: StepStore) -> None:
         """pydantic-ai stamps fields onto a request after the boundary that saved it."""
-        run_id = new_run_id()
+        run_id = await new_run(store)
         history = tool_cycle()
         await store.save_snapshot(snapshot(run_id, list(history)))
         before = dump(history)
@@ -246,7 +210,7 @@ class StepStoreConformance:
 
     @pytest.mark.anyio
     async def test_returned_messages_are_private_copies(self, store: StepStore) -> None:
-        run_id = new_run_id()
+        run_id = await new_run(store)
         history = tool_cycle()
         await store.save_snapshot(snapshot(run_id, history))
         loaded = await store.latest_snapshot(run_id=run_id)
@@ -258,7 +222,7 @@ class StepStoreConformance:
     @pytest.mark.anyio
     async def test_rewritten_history_is_stored_as_rewritten(self, store: StepStore) -> None:
         """A history processor may replace or drop earlier messages (compaction)."""
-        run_id = new_run_id()
+        run_id = await new_run(store)
         history = tool_cycle() + tool_cycle('c2', 'again')
         await store.save_snapshot(snapshot(run_id, history))
         compacted = [ModelRequest(parts=[UserPromptPart('summary', timestamp=T0)], timestamp=T0), *history[4:]]
@@ -273,7 +237,7 @@ class StepStoreConformance:
     @pytest.mark.anyio
     async def test_snapshot_idempotency_key_applies_once_even_after_pruning(self, make_store: StoreFactory) -> None:
         store = make_store(max_snapshots_per_run=1)
-        run_id = new_run_id()
+        run_id = await new_run(store)
         await store.save_snapshot(snapshot(run_id, tool_cycle(), idempotency_key='0:1:complete'))
         await store.save_snapshot(snapshot(run_id, tool_cycle('c2'), step_index=2, idempotency_key='1:2:complete'))
         await store.save_snapshot(snapshot(run_id, tool_cycle('c3'), step_index=3, idempotency_key='0:1:complete'))
@@ -284,7 +248,7 @@ class StepStoreConformance:
     @pytest.mark.anyio
     async def test_retention_keeps_newest_and_newest_complete(self, make_store: StoreFactory) -> None:
         store = make_store(max_snapshots_per_run=2)
-        run_id = new_run_id()
+        run_id = await new_run(store)
         states = ['complete', 'interrupted', 'interrupted', 'interrupted']
         for step, state in enumerate(states, start=1):
             await store.save_snapshot(snapshot(run_id, tool_cycle(f'c{step}'), step_index=step, state=state))
@@ -300,7 +264,7 @@ class StepStoreConformance:
 
     @pytest.mark.anyio
     async def test_runs_do_not_share_snapshots(self, store: StepStore) -> None:
-        a, b = new_run_id(), new_run_id()
+        a, b = await new_run(store), await new_run(store)
         await store.save_snapshot(snapshot(a, tool_cycle('c1', 'for a')))
         await store.save_snapshot(snapshot(b, tool_cycle('c1', 'for b')))
         latest_a = await store.latest_snapshot(run_id=a)
@@ -309,7 +273,7 @@ class StepStoreConformance:
     @pytest.mark.anyio
     async def test_payloads_that_look_like_media_markers_round_trip(self, store: StepStore) -> None:
         """A user payload shaped like an externalized-media marker must come back unchanged."""
-        run_id = new_run_id()
+        run_id = await new_run(store)
         uri = 'media+sha256://' + '0' * 64
         lookalikes: list[object] = [
             {'__harness_external_media__': True, '__harness_external_uri__': uri, 'uri': uri, 'kind': 'binary'},
@@ -330,7 +294,7 @@ class StepStoreConformance:
 
     @pytest.mark.anyio
     async def test_tool_effects_upsert_and_unresolved(self, store: StepStore) -> None:
-        run_id = new_run_id()
+        run_id = await new_run(store)
         started = ToolEffectRecord(tool_call_id='c1', tool_name='write', run_id=run_id, status='started', started_at=T0)
         other = ToolEffectRecord(tool_call_id='c2', tool_name='read', run_id=run_id, status='started', started_at=T0)
         await store.record_tool_effect(started)
@@ -351,6 +315,22 @@ class StepStoreConformance:
         assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)] == ['c2']
         assert await store.get_tool_effect(run_id=run_id, tool_call_id='missing') is None
         assert await store.list_unresolved_tool_effects(run_id=new_run_id('unknown')) == []
+
+    @pytest.mark.anyio
+    async def test_records_of_an_unregistered_run_are_refused(self, store: StepStore) -> None:
+        """Records exist only with their run's record, so a deleted run never reads half."""
+        run_id = new_run_id('unregistered')
+        with pytest.raises(RunNotFoundError, match=run_id):
+            await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
+        with pytest.raises(RunNotFoundError):
+            await store.save_snapshot(snapshot(run_id, tool_cycle()))
+        with pytest.raises(RunNotFoundError):
+            await store.record_tool_effect(
+                ToolEffectRecord(tool_call_id='c1', tool_name='t', run_id=run_id, status='started')
+            )
+        assert await store.get_run(run_id=run_id) is None
+        assert await store.list_events(run_id=run_id) == []
+        assert await store.latest_snapshot(run_id=run_id) is None
 
     # --- several records at once (optional) ----------------------------------------------------
 
@@ -461,7 +441,7 @@ class StepStoreConformance:
         store = make_store()
 
         async def check() -> None:
-            run_id = new_run_id('prop')
+            run_id = await new_run(store, 'prop')
             grown: list[ModelMessage] = []
             expected: list[bytes] = []
             for step, batch in enumerate(histories, start=1):
@@ -472,66 +452,3 @@ class StepStoreConformance:
             assert [dump(s.messages) for s in saved] == expected
 
         anyio.run(check)
-
-
-_text = st.text(max_size=40)
-_big_text = st.sampled_from([70 * 1024, 65 * 1024]).map(lambda n: 'x' * n)
-_times = st.datetimes(min_value=datetime(2020, 1, 1), max_value=datetime(2030, 1, 1), timezones=st.just(UTC))
-_json_value = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _text,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
-    max_leaves=8,
-)
-_binary = st.builds(
-    BinaryContent,
-    data=st.binary(max_size=64) | st.sampled_from([b'\x89PNG' + bytes(70 * 1024), bytes(range(256)) * 300]),
-    media_type=st.sampled_from(['image/png', 'application/octet-stream', 'audio/wav']),
-)
-_call_ids = st.text(alphabet='abcdef0123456789', min_size=1, max_size=8)
-
-
-def message_strategy() -> st.SearchStrategy[ModelMessage]:
-    request_part = st.one_of(
-        st.builds(UserPromptPart, content=_text | _big_text, timestamp=_times),
-        st.builds(
-            UserPromptPart,
-            content=st.lists(_text | _binary, min_size=1, max_size=3),
-            timestamp=_times,
-        ),
-        st.builds(SystemPromptPart, content=_text, timestamp=_times),
-        st.builds(
-            ToolReturnPart,
-            tool_name=_text,
-            content=_text | _big_text | _json_value,
-            tool_call_id=_call_ids,
-            timestamp=_times,
-        ),
-        # A retry answering a tool call. (The deprecated `RetryPromptPart` is not generated:
-        # pydantic-ai rewrites it into this shape whenever it validates JSON.)
-        st.builds(
-            ToolReturnPart,
-            tool_name=_text,
-            content=_text,
-            tool_call_id=_call_ids,
-            outcome=st.just('retried'),
-            timestamp=_times,
-        ),
-    )
-    response_part = st.one_of(
-        st.builds(TextPart, content=_text | _big_text),
-        st.builds(ThinkingPart, content=_text),
-        st.builds(
-            ToolCallPart,
-            tool_name=_text,
-            args=st.dictionaries(_text, _json_value, max_size=3),
-            tool_call_id=_call_ids,
-        ),
-    )
-    request = st.builds(
-        ModelRequest,
-        parts=st.lists(request_part, min_size=1, max_size=3),
-        timestamp=_times | st.none(),
-        instructions=_text | st.none(),
-    )
-    response = st.builds(ModelResponse, parts=st.lists(response_part, min_size=1, max_size=3), timestamp=_times)
-    return st.one_of(request, response)

@@ -80,7 +80,9 @@ class SqliteMediaStore:
     `sqlite3.Connection` opened with `check_same_thread=False`; the caller owns it). `table` must
     be a plain identifier. The table (and `<table>_chunks` for large blobs) is created on first
     use; a table from an older layout gets its missing `media_type` / `metadata` / `blob_id`
-    columns added. `durable=True` flushes every put to disk before it returns.
+    columns added. `durable=True` flushes every put to disk before it returns. `lock=` is for a
+    store sharing a connection with another user of it (`SqliteStepStore` on an in-memory
+    database): both then take turns on it.
     """
 
     chunk_bytes: int = 1 << 20
@@ -99,6 +101,7 @@ class SqliteMediaStore:
         table: str = 'media',
         public_url: PublicUrlResolver | None = None,
         durable: bool = False,
+        lock: threading.Lock | None = None,
     ) -> None:
         if (database is None) == (connection is None):
             raise ValueError(
@@ -116,7 +119,7 @@ class SqliteMediaStore:
         self.durable = durable
         self._chunks = f'{table}_chunks'
         self._public_url = public_url
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else threading.Lock()
         self._schema_ready = False
         self._checkpointer = BackgroundCheckpointer.for_database(self._database, 'pydantic-ai-steps-media-checkpoint')
 

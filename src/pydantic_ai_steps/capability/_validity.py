@@ -1,10 +1,9 @@
-"""Helpers around a store: continue or fork a run, annotate a tool effect, check a history."""
+"""Provider validity: whether every tool call in a history is answered, which decides a snapshot's state."""
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from pydantic_ai.messages import (
     ModelMessage,
@@ -13,12 +12,8 @@ from pydantic_ai.messages import (
     ToolCallPart,
     ToolReturnPart,
 )
-from pydantic_ai.tools import RunContext
 
-from . import _context
-from ._history import TAIL
-from ._protocol import StepStore
-from ._records import ToolEffectRecord
+from ..store.history import TAIL
 
 
 def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
@@ -84,56 +79,3 @@ def _answered_call(part: object) -> str | None:
     if isinstance(part, RetryPromptPart) and part.tool_name is not None:  # pyright: ignore[reportDeprecated]
         return part.tool_call_id
     return None
-
-
-async def continue_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
-    """The history of the newest settled snapshot of `run_id`, ready for `message_history=`.
-
-    Only `complete` snapshots unless `include_interrupted=True`: an interrupted one may hold
-    tool calls whose effects are unknown (check `list_unresolved_tool_effects` first).
-    Raises `LookupError` when the run has no such snapshot.
-    """
-    snapshot = await store.latest_snapshot(run_id=run_id, include_interrupted=include_interrupted)
-    if snapshot is None:
-        kind = 'snapshot' if include_interrupted else 'complete snapshot'
-        raise LookupError(f'no continuable {kind} for run_id {run_id!r}')
-    return list(snapshot.messages)
-
-
-async def fork_run(store: StepStore, *, run_id: str, include_interrupted: bool = False) -> list[ModelMessage]:
-    """Same history as `continue_run`, for starting a new branch (new run id, new conversation)."""
-    return await continue_run(store, run_id=run_id, include_interrupted=include_interrupted)
-
-
-async def annotate_tool_effect(
-    store: StepStore,
-    ctx: RunContext[Any],
-    *,
-    idempotency_key: str | None = None,
-    effect_summary: str | None = None,
-) -> None:
-    """Attach an idempotency key and a summary to the current tool call's ledger entry.
-
-    Call it from a tool before its side effect, so a recovery can tell what may have happened.
-    Outside a tool call of a persisted run it does nothing: tools stay usable without persistence.
-    """
-    run_id = _context.current_run_id.get()
-    if run_id is None or ctx.tool_call_id is None or ctx.tool_name is None:
-        return
-    prior = await store.get_tool_effect(run_id=run_id, tool_call_id=ctx.tool_call_id)
-    if prior is None:
-        return
-    record = ToolEffectRecord(
-        tool_call_id=prior.tool_call_id,
-        tool_name=ctx.tool_name,
-        run_id=run_id,
-        status=prior.status,
-        started_at=prior.started_at,
-        ended_at=prior.ended_at,
-        idempotency_key=idempotency_key if idempotency_key is not None else prior.idempotency_key,
-        effect_summary=effect_summary if effect_summary is not None else prior.effect_summary,
-    )
-    await store.record_tool_effect(record)
-    open_effects = _context.open_tool_effects.get()
-    if open_effects is not None and record.tool_call_id in open_effects:
-        open_effects[record.tool_call_id] = record  # the entry the capability will close

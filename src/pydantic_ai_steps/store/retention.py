@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ._records import SnapshotState
+from .._records import SnapshotState
 
 
 def snapshots_to_keep(entries: Iterable[tuple[int, SnapshotState]], limit: int | None) -> set[int] | None:

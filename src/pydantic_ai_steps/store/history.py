@@ -38,7 +38,7 @@ import json
 import operator
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.scanner import make_scanner
 from typing import Any, Generic, TypeVar, cast
@@ -130,6 +130,9 @@ class RunHistory(Generic[StoredT]):
     log_size: int = 0
     bases: dict[int, PatchBase] = field(default_factory=dict[int, PatchBase])
     """The newest full text per position, for the last `TAIL` positions only (the ones still stamped)."""
+    weights: list[int] = field(default_factory=list[int])
+    """Roughly how many bytes each position's message holds alive (its text, its binary payloads)."""
+    weight: int = 0
 
 
 @dataclass
@@ -155,13 +158,25 @@ class HistoryDelta(Generic[StoredT]):
 class HistoryTracker(Generic[StoredT]):
     """Remembers, per run, which message versions a store has written.
 
-    Bounded: runs beyond `max_runs` (least recently saved first) are forgotten, which costs only
-    a full rewrite of that run's history at its next save, never correctness.
+    What it remembers keeps the run's message objects alive, so it is bounded: by `max_runs` and
+    by `max_bytes` of message weight (least recently saved runs go first), and a run whose
+    closing event is written is dropped at once (`forget`). A forgotten run costs only a full
+    rewrite of its history at its next save, never correctness.
     """
 
-    def __init__(self, max_runs: int = 512) -> None:
+    def __init__(self, max_runs: int = 512, max_bytes: int = 64 << 20) -> None:
         self._runs: OrderedDict[str, RunHistory[StoredT]] = OrderedDict()
         self._max_runs = max_runs
+        self._max_bytes = max_bytes
+        self._weight = 0
+
+    @property
+    def weight(self) -> int:
+        """The bytes of message content the remembered runs hold alive, as estimated."""
+        return self._weight
+
+    def __len__(self) -> int:
+        return len(self._runs)
 
     def delta(self, run_id: str, messages: Sequence[ModelMessage]) -> HistoryDelta[StoredT]:
         current = list(messages)
@@ -189,11 +204,13 @@ class HistoryTracker(Generic[StoredT]):
         stored: dict[int, StoredT],
         log_size: int,
         bases: Mapping[int, PatchBase] | None = None,
+        weights: Mapping[int, int] | None = None,
     ) -> list[StoredT]:
         """Record a successful write: `stored` maps every candidate position to what is now stored.
 
         `bases` are the full texts this write appended (patches keep their position's base); the
-        run keeps the newest base of each of its last `TAIL` positions.
+        run keeps the newest base of each of its last `TAIL` positions. `weights` estimates the
+        bytes each written position's message holds.
 
         Returns what is stored for every position of the history (shared with the tracker: read only).
         """
@@ -202,26 +219,33 @@ class HistoryTracker(Generic[StoredT]):
         kept = min(count, len(previous.stored))
         shapes: list[list[object] | None] = previous.shapes[:kept] + [None] * (count - kept)
         values: list[StoredT | None] = [*previous.stored[:kept], *([None] * (count - kept))]
+        sizes = previous.weights[:kept] + [0] * (count - kept)
         for position, value in stored.items():
             shapes[position] = _shape(delta.messages[position])
             values[position] = value
+            if weights is not None:
+                sizes[position] = weights.get(position, 0)
         tail = range(max(0, count - TAIL), count)
         run_bases = {position: base for position, base in previous.bases.items() if position in tail}
         if bases:
             run_bases.update((position, base) for position, base in bases.items() if position in tail)
-        run = RunHistory(delta.messages, shapes, cast(list[StoredT], values), log_size, run_bases)
+        run = RunHistory(delta.messages, shapes, cast(list[StoredT], values), log_size, run_bases, sizes, sum(sizes))
+        self.forget(delta.run_id)
         self._runs[delta.run_id] = run
-        self._runs.move_to_end(delta.run_id)
-        while len(self._runs) > self._max_runs:
-            self._runs.popitem(last=False)
+        self._weight += run.weight
+        while len(self._runs) > 1 and (len(self._runs) > self._max_runs or self._weight > self._max_bytes):
+            _, evicted = self._runs.popitem(last=False)
+            self._weight -= evicted.weight
         return run.stored
 
     def forget(self, run_id: str) -> None:
-        """Drop what is known about a run, e.g. after a failed write whose outcome is unknown."""
-        self._runs.pop(run_id, None)
+        """Drop what is known about a run: it has ended, or a write's outcome is unknown."""
+        gone = self._runs.pop(run_id, None)
+        if gone is not None:
+            self._weight -= gone.weight
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LogEntry:
     """One message version in a run's message log."""
 
@@ -259,6 +283,28 @@ def resolve_history(entries: Iterable[LogEntry], message_count: int, log_size: i
             text = resolved
         texts.append(text)
     return texts
+
+
+def resolve_log(
+    entries: Iterable[LogEntry],
+    missing: Collection[range],
+    readable_end: int | None,
+    message_count: int,
+    log_size: int,
+) -> list[str] | None:
+    """`resolve_history`, distrusting whatever a missing (unreadable) entry could have superseded.
+
+    A missing index below `log_size` (in a range of unreadable entries, or one at or past `readable_end`) could
+    have held a newer version of any position, so each position's newest entry must lie above the
+    highest such index. A history written in full after the damage reads; one that depended on
+    the lost entry does not, rather than being rebuilt from an older version in silence.
+    """
+    gap = max((min(gap.stop, log_size) - 1 for gap in missing if gap.start < log_size), default=-1)
+    if readable_end is not None and log_size > readable_end:
+        gap = log_size - 1
+    if gap >= 0:
+        entries = [entry for entry in entries if entry.index > gap]
+    return resolve_history(entries, message_count, log_size)
 
 
 def _resolve_patch(entry: LogEntry, by_index: Mapping[int, LogEntry]) -> str | None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pydantic_ai import CapabilityEvent
 
-from ._records import SnapshotState
+from .._records import SnapshotState
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,184 @@
+"""Every error this package raises on purpose, and the argument checks that raise them.
+
+One base class (`StepsError`), each error also deriving from the built-in exception a caller
+would naturally catch (`ValueError` for bad input, `LookupError` for a missing run, ...), so
+`except ValueError` keeps working where upstream code relied on it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+RUN_ID_MAX_LENGTH = 200
+RESERVED_RUN_IDS = frozenset({'.', '..', '_index', 'media'})
+"""Names a store uses for itself (the File store's index and media folders); compared case-insensitively."""
+_FILE_SAFE = re.compile(r'[A-Za-z0-9_.-]{1,200}')
+
+
+class StepsError(Exception):
+    """Base class of the errors pydantic-ai-steps raises."""
+
+
+class RunAlreadyExistsError(StepsError, ValueError):
+    """A run id was registered twice. Every backend raises this same error."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f'run_id {run_id!r} is already in the store; a run_id names exactly one run. '
+            'Pass conversation_id= to Agent.run to group turns instead of reusing a run_id.'
+        )
+        self.run_id = run_id
+
+
+class RunNotFoundError(StepsError, LookupError):
+    """A write for a run the store does not hold: never registered, or deleted since."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f'run_id {run_id!r} is not in the store: register_run() it before writing its records '
+            '(or it was deleted while it was being written)'
+        )
+        self.run_id = run_id
+
+
+class InvalidRunIdError(StepsError, ValueError):
+    """A run id no store can hold."""
+
+    def __init__(self, run_id: object, allowed: str) -> None:
+        super().__init__(f'invalid run_id {run_id!r}: {allowed}')
+        self.run_id = run_id
+
+
+class InvalidRecordError(StepsError, ValueError):
+    """A record field of the wrong type or form; raised before anything is written."""
+
+
+class RecordTooLargeError(StepsError, ValueError):
+    """A record that exceeds what the backend can store in one piece, even after moving media out."""
+
+
+class StoreUnavailableError(StepsError, ConnectionError):
+    """The store's server could not be reached, or no connection became free in time."""
+
+
+class SchemaVersionError(StepsError, RuntimeError):
+    """The store was written by a newer release with a layout this one does not know."""
+
+
+class NotAStoreError(StepsError, ValueError):
+    """Something exists where a store was expected, but it is not a step store."""
+
+
+def check_run_id(run_id: object) -> str:
+    """The rule every store applies to new run ids, so a run can move between stores.
+
+    1-200 characters, no control characters (C0, DEL, C1) or lone surrogates, not `.` or `..`,
+    and not a name a store uses itself (`_index`, `media`, in any case). Ids such as `job:123` or
+    `tenant/42` are fine: the File store maps ids that are not plain file names to directory
+    names of its own.
+    """
+    if not isinstance(run_id, str):
+        raise InvalidRunIdError(run_id, 'expected a string')
+    if _FILE_SAFE.fullmatch(run_id) and run_id not in ('.', '..') and run_id.casefold() not in RESERVED_RUN_IDS:
+        return run_id  # the common case, checked at C speed
+    if not run_id or len(run_id) > RUN_ID_MAX_LENGTH:
+        raise InvalidRunIdError(run_id, f'expected 1-{RUN_ID_MAX_LENGTH} characters, got {len(run_id)}')
+    bad = next((char for char in run_id if unicodedata.category(char) in ('Cc', 'Cs')), None)
+    if bad is not None:
+        raise InvalidRunIdError(run_id, f'control characters are not allowed (found {bad!r})')
+    if run_id.casefold() in RESERVED_RUN_IDS:
+        reserved = ', '.join(sorted(RESERVED_RUN_IDS))
+        raise InvalidRunIdError(run_id, f'{reserved} are reserved for the stores themselves')
+    return run_id
+
+
+def is_file_safe(run_id: str) -> bool:
+    """Whether `run_id` can name a directory as it is (`[A-Za-z0-9_.-]`, no `..`, not reserved)."""
+    return bool(_FILE_SAFE.fullmatch(run_id)) and '..' not in run_id and run_id.casefold() not in RESERVED_RUN_IDS
+
+
+def check_optional_str(value: object, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidRecordError(f'{what} must be a string or None, got {type(value).__name__} {value!r}')
+    return value
+
+
+def check_str_map(value: object, what: str) -> dict[str, str]:
+    """A mapping of strings to strings (event and run `metadata`)."""
+    if not isinstance(value, Mapping):
+        raise InvalidRecordError(f'{what} must be a dict of strings to strings, got {type(value).__name__}')
+    for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise InvalidRecordError(
+                f'{what} must map strings to strings, got {key!r}: {item!r} ({type(item).__name__}); '  # pyright: ignore[reportUnknownArgumentType]
+                'convert values with str() first'
+            )
+    return dict(value)  # pyright: ignore[reportUnknownArgumentType]
+
+
+def check_json_map(value: object, what: str) -> dict[str, Any]:
+    """A mapping of strings to JSON values (`Agent.run(metadata=...)`)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidRecordError(f'{what} must be a dict of JSON values, got {type(value).__name__}')
+    checked: dict[str, Any] = {}
+    for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
+        if not isinstance(key, str):
+            raise InvalidRecordError(f'{what} keys must be strings, got {key!r}')
+        _check_json(item, f'{what}[{key!r}]')  # pyright: ignore[reportUnknownArgumentType]
+        checked[key] = item
+    return checked
+
+
+def _check_json(value: object, where: str, depth: int = 0) -> None:
+    if depth > 32:
+        raise InvalidRecordError(f'{where} is nested more than 32 levels deep')
+    if value is None or isinstance(value, str | bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidRecordError(f'{where} must be a finite number, got {value!r}')
+        return
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+            _check_json(item, f'{where}[{index}]', depth + 1)  # pyright: ignore[reportUnknownArgumentType]
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
+            if not isinstance(key, str):
+                raise InvalidRecordError(f'{where} keys must be strings, got {key!r}')
+            _check_json(item, f'{where}[{key!r}]', depth + 1)  # pyright: ignore[reportUnknownArgumentType]
+        return
+    raise InvalidRecordError(
+        f'{where} must be a JSON value (str, int, float, bool, None, list, dict), got {type(value).__name__}'
+    )
+
+
+def check_max_snapshots(value: object) -> int | None:
+    """Validate `max_snapshots_per_run`: `None` (keep all) or an int >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f'max_snapshots_per_run must be an int >= 1 or None, got {value!r}')
+    if value < 1:
+        raise ValueError(f'max_snapshots_per_run must be >= 1 or None, got {value!r}')
+    return value
+
+
+def check_threshold(value: object) -> int:
+    """Validate `media_threshold_bytes`: an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'media_threshold_bytes must be an int >= 1, got {value!r}')
+    return value
+
+
+def check_bool(value: object, name: str) -> bool:
+    """A flag given as a real `bool` (so `durable='no'` is not silently true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f'{name} must be True or False, got {value!r}')
+    return value

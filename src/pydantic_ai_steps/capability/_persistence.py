@@ -1,0 +1,394 @@
+"""`StepPersistence`: turns pydantic-ai hooks into step records. It knows no storage, and no write policy."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+from pydantic_ai import CallToolsNode, ModelRequestNode
+from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
+from pydantic_graph import End
+
+from .._errors import InvalidRecordError, check_json_map, check_optional_str, check_run_id, check_str_map
+from .._records import TOOL_ARGS_LIMIT, EventKind, RunRecord, SnapshotState
+from ..store.backends.memory import InMemoryStepStore
+from ..store.protocol import RecordBatchStore, StepStore
+from . import _context
+from ._events import SnapshotSaved
+from ._histories import describe_exit, describe_tool_error, origin_of, same_messages, with_output_tool_returns
+from ._internals import engine_free
+from ._operations import StoreOperations
+from ._run_ids import derive_run_id
+from ._validity import ProviderValidity
+from ._writers import BatchingWriter, ImmediateWriter, Writer
+
+logger = logging.getLogger('pydantic_ai_steps')
+_OPENING_AND_CLOSING: frozenset[EventKind] = frozenset({'run_started', 'run_completed', 'run_failed'})
+
+
+@dataclass
+class StepPersistence(StoreOperations[AgentDepsT]):
+    """Durable step records for an agent: event log, continuable snapshots, tool-effect ledger.
+
+    ```python
+    from pydantic_ai import Agent
+    from pydantic_ai_steps import StepPersistence
+    from pydantic_ai_steps.step_persistence import SqliteStepStore
+
+    store = SqliteStepStore(database='runs.db')
+    agent = Agent('test', capabilities=[StepPersistence(store=store, agent_name='librarian')])
+    ```
+
+    Each `.run()` gets its own run id: the explicit `run_id` (single-shot: a second run with it
+    raises `ValueError`), else `'{agent_name}-{8 hex}'` when `agent_name` is set, else pydantic-ai's
+    own run id. Store errors are never swallowed: a write that fails fails the run, so a run that
+    succeeds has every record it claims to have.
+    """
+
+    store: StepStore = field(default_factory=InMemoryStepStore)
+    """Where records go. Shared by every run of this capability."""
+    agent_name: str | None = None
+    """Recorded on every record; also the prefix of derived run ids."""
+    run_id: str | None = None
+    """An explicit id for exactly one run. Use `conversation_id=` on `Agent.run` to group turns."""
+    parent_run_id: str | None = None
+    """Overrides the parent inferred from an enclosing persisted run (needed across processes)."""
+    metadata: dict[str, str] = field(default_factory=dict[str, str])
+    """Copied onto the run record and every event."""
+    capture_frontier: bool = False
+    """Also snapshot before every model request and after every model response, whatever its state."""
+
+    id: str | None = field(default='step_persistence', kw_only=True)
+
+    # Per-run state: `for_run` builds a fresh instance for every run, so none of it leaks.
+    _derived_from: tuple[str | None, str | None] | None = field(default=None, init=False, repr=False)
+    """`(agent_name, pydantic-ai run id)` when the run id was derived, so a clash can draw again."""
+    _writer: Writer | None = field(default=None, init=False, repr=False)
+    _event_sequence: int = field(default=0, init=False, repr=False)
+    _snapshot_sequence: int = field(default=0, init=False, repr=False)
+    _last_saved: list[ModelMessage] | None = field(default=None, init=False, repr=False)
+    _validity: ProviderValidity = field(default_factory=ProviderValidity, init=False, repr=False)
+    _last_request_step: int | None = field(default=None, init=False, repr=False)
+    _output_tool_names: frozenset[str] = field(default=frozenset[str](), init=False, repr=False)
+    _final_boundary: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
+    """The run's last boundary (history, step), written with `run_completed` by `after_run`."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.store, StepStore):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f'store must be a StepStore (for example SqliteStepStore), got {self.store!r}')
+        check_optional_str(self.agent_name, 'agent_name')
+        check_optional_str(self.parent_run_id, 'parent_run_id')
+        if self.run_id is not None:
+            check_run_id(self.run_id)
+        self.metadata = check_str_map(self.metadata, 'metadata')
+        if not isinstance(self.capture_frontier, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise InvalidRecordError(f'capture_frontier must be True or False, got {self.capture_frontier!r}')
+
+    @classmethod
+    def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence[Any]:
+        """Build from an agent spec: `backend` is `'memory'` (default), `'file'` or `'sqlite'`.
+
+        `directory=` (file) or `database=` (sqlite) locate the store; `max_snapshots_per_run=` bounds
+        it. Other keyword arguments go to the capability.
+        """
+        if args:
+            raise TypeError(f'StepPersistence.from_spec takes keyword arguments only, got positional {args!r}')
+        from ._spec import store_from_spec
+
+        store = store_from_spec(kwargs)
+        return cls(store=store, **kwargs)
+
+    def compaction_transcript_handle(self) -> str | None:
+        """The run id under which this run's history is persisted (`None` before a run starts).
+
+        An identifier, not a promise: retention may have pruned older snapshots.
+        """
+        return self.run_id
+
+    # --- run identity -------------------------------------------------------------------
+
+    async def for_run(self, ctx: RunContext[AgentDepsT]) -> StepPersistence[AgentDepsT]:
+        """A fresh instance per run, so counters and run ids never leak between runs."""
+        parent = self.parent_run_id if self.parent_run_id is not None else _context.current_run_id.get()
+        run_id = self.run_id or derive_run_id(self.agent_name, ctx.run_id, attempt=0)
+        agent_name = self.agent_name
+        if agent_name is None and ctx.agent is not None:
+            agent_name = ctx.agent.name
+        instance = replace(
+            self, agent_name=agent_name, run_id=run_id, parent_run_id=parent, metadata=dict(self.metadata)
+        )
+        if not self.run_id and self.agent_name is not None:
+            instance._derived_from = (self.agent_name, ctx.run_id)
+        return instance
+
+    @property
+    def _run_id(self) -> str:
+        if self.run_id is None:
+            raise RuntimeError('StepPersistence run id was not assigned; hooks must run on the for_run instance')
+        return self.run_id
+
+    @property
+    def _out(self) -> Writer:
+        if self._writer is None:
+            raise RuntimeError('StepPersistence wrote before before_run chose how to write')
+        return self._writer
+
+    # --- recording ------------------------------------------------------------------------
+
+    def _event_fields(
+        self, ctx: RunContext[AgentDepsT], run_id: str, kind: EventKind, **extra: str | None
+    ) -> dict[str, Any]:
+        """The `append_event` operation's arguments for an event happening now."""
+        index = self._event_sequence
+        self._event_sequence += 1
+        return {
+            'run_id': run_id,
+            'kind': kind,
+            'step_index': ctx.run_step,
+            'conversation_id': ctx.conversation_id,
+            'parent_run_id': self.parent_run_id,
+            'agent_name': self.agent_name,
+            'tool_call_id': extra.get('tool_call_id'),
+            'tool_name': extra.get('tool_name'),
+            'error': extra.get('error'),
+            'metadata': dict(self.metadata),
+            'event_index': index,
+            'tool_args': extra.get('tool_args'),
+        }
+
+    async def _record(
+        self, ctx: RunContext[AgentDepsT], kind: EventKind, *, defer: bool = False, **extra: str | None
+    ) -> None:
+        """Record an event. The run's opening and closing events are written at once unless `defer`
+        (a caller that writes right after: the final snapshot)."""
+        fields = self._event_fields(ctx, self._run_id, kind, **extra)
+        await self._out.event(ctx, fields, now=kind in _OPENING_AND_CLOSING and not defer)
+
+    async def _snapshot(
+        self, ctx: RunContext[AgentDepsT], messages: list[ModelMessage], step_index: int, *, valid: bool | None = None
+    ) -> None:
+        if valid is None:
+            valid = self._validity.check(messages)
+        state: SnapshotState = 'complete' if valid else 'interrupted'
+        index = self._snapshot_sequence
+        self._snapshot_sequence += 1
+        fields: dict[str, Any] = {
+            'run_id': self._run_id,
+            'step_index': step_index,
+            'messages': messages,
+            'conversation_id': ctx.conversation_id,
+            'parent_run_id': self.parent_run_id,
+            'agent_name': self.agent_name,
+            'state': state,
+            'snapshot_index': index,
+        }
+        await self._out.snapshot(ctx, fields)
+        self._last_saved = messages
+        await ctx.emit(
+            SnapshotSaved(
+                persistence_run_id=self._run_id, conversation_id=ctx.conversation_id, step_index=step_index, state=state
+            )
+        )
+
+    async def _write_final_boundary(self, ctx: RunContext[AgentDepsT]) -> None:
+        """Write the last boundary's snapshot if it is still waiting for `after_run`."""
+        if self._final_boundary is not None:
+            messages, step = self._final_boundary
+            self._final_boundary = None
+            await self._snapshot(ctx, messages, step, valid=True)
+
+    # --- run lifecycle ----------------------------------------------------------------------
+
+    async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
+        """Publish this run's id to nested runs and close the log however the run ends.
+
+        pydantic-ai calls neither `after_run` nor `on_run_error` for a run abandoned by its caller
+        (an `iter()` loop left early delivers `CancelledError` here), so the closing event for
+        those is written here, shielded from the cancellation that is ending the run.
+        """
+        run_token = _context.current_run_id.set(self.run_id)
+        history_token = _context.live_history.set(None)
+        try:
+            return await handler()
+        except BaseException as error:
+            if self._writer is not None and self._writer.registered and not self._writer.closed:
+                await self._close_after_escape(ctx, error)
+            raise
+        finally:
+            _context.live_history.reset(history_token)
+            _context.current_run_id.reset(run_token)
+
+    async def _close_after_escape(self, ctx: RunContext[AgentDepsT], error: BaseException) -> None:
+        """Record `run_failed` for an exit no other hook saw; never mask the error that ended the run."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._write_final_boundary(ctx)
+                await self._record(ctx, 'run_failed', error=describe_exit(error))
+            except Exception:
+                logger.warning('could not record run_failed for run %r', self.run_id, exc_info=True)
+
+    async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
+        """Choose how to write, then register the run (with `run_started`)."""
+        store = self.store
+        batched = isinstance(store, RecordBatchStore) and engine_free(ctx, self.id)
+        self._writer = (
+            BatchingWriter(self, store) if isinstance(store, RecordBatchStore) and batched else ImmediateWriter(self)
+        )
+        origin = origin_of(ctx.messages)
+        record = RunRecord(
+            run_id=self._run_id,
+            conversation_id=ctx.conversation_id,
+            parent_run_id=self.parent_run_id,
+            agent_name=self.agent_name,
+            metadata=dict(self.metadata),
+            pydantic_ai_run_id=ctx.run_id,
+            run_metadata=check_json_map(ctx.metadata, 'Agent.run(metadata=...)'),
+            parent_tool_call_id=_context.current_tool_call_id.get() if self.parent_run_id is not None else None,
+            continued_from=origin[1] if origin is not None and origin[0] == 'continued' else None,
+            forked_from=origin[1] if origin is not None and origin[0] == 'forked' else None,
+        )
+        run_id = await self._out.register(ctx, record, lambda run_id: self._event_fields(ctx, run_id, 'run_started'))
+        if run_id != self.run_id:
+            self.run_id = run_id
+            _context.current_run_id.set(run_id)
+
+    async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
+        """Save the final history unless the last boundary snapshot already holds it.
+
+        `run_stream` never fires the boundary after its final response, and a run can end before
+        any boundary, so this is where those histories are saved, at the step of the last model
+        request, as `Agent.run` would have saved them.
+        """
+        messages = with_output_tool_returns(result.all_messages(), self._output_tool_names)
+        step: int | None = None
+        if self._final_boundary is not None and same_messages(self._final_boundary[0], messages):
+            step = self._final_boundary[1]  # the last boundary's snapshot, written now
+            self._final_boundary = None
+        else:
+            await self._write_final_boundary(ctx)
+            if not same_messages(self._last_saved, messages) and self._validity.check(messages):
+                step = self._last_request_step if self._last_request_step is not None else ctx.run_step
+        if step is None:
+            await self._record(ctx, 'run_completed')
+        elif self._out.defers_final_boundary:  # the closing event goes with the final snapshot
+            await self._record(ctx, 'run_completed', defer=True)
+            await self._snapshot(ctx, messages, step, valid=True)
+        else:
+            await self._snapshot(ctx, messages, step, valid=True)
+            await self._record(ctx, 'run_completed')
+        return result
+
+    async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
+        """Save the live history at the failure (state by validity), then record `run_failed`."""
+        await self._write_final_boundary(ctx)
+        stashed = _context.live_history.get()
+        if stashed is not None:
+            live, step = stashed
+            captured = list(live)
+            has_response = any(isinstance(message, ModelResponse) for message in captured)
+            if has_response or (self.capture_frontier and captured):
+                await self._snapshot(ctx, captured, step)
+        await self._record(ctx, 'run_failed', error=repr(error))
+        raise error
+
+    # --- model requests -------------------------------------------------------------------
+
+    async def before_model_request(
+        self, ctx: RunContext[AgentDepsT], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        if self.capture_frontier:
+            _context.live_history.set((ctx.messages, ctx.run_step))
+            await self._snapshot(ctx, list(ctx.messages), ctx.run_step)
+        self._last_request_step = ctx.run_step
+        output_tools = request_context.model_request_parameters.output_tools
+        if output_tools:
+            self._output_tool_names = frozenset(tool.name for tool in output_tools)
+        await self._record(ctx, 'model_request_started')
+        return request_context
+
+    async def after_model_request(
+        self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, response: ModelResponse
+    ) -> ModelResponse:
+        await self._record(ctx, 'model_request_completed')
+        return response
+
+    async def on_model_request_error(
+        self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, error: Exception
+    ) -> ModelResponse:
+        await self._record(ctx, 'model_request_failed', error=repr(error))
+        raise error
+
+    # --- tools: the side-effect ledger ------------------------------------------------------
+
+    async def wrap_tool_execute(
+        self, ctx: RunContext[AgentDepsT], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any, handler: Any
+    ) -> Any:
+        """Ledger every tool call: `started` before it runs, `completed` or `failed` after.
+
+        Wrapping (rather than the after/error hooks) sees every way out of a tool, including
+        `ModelRetry`, which pydantic-ai turns into a retry prompt without calling
+        `on_tool_execute_error`; such a call is recorded `failed`, saying it asked for a retry.
+        """
+        run_id, call_id, name, out = self._run_id, call.tool_call_id, tool_def.name, self._out
+        opening = self._event_fields(
+            ctx, run_id, 'tool_call_started', tool_call_id=call_id, tool_name=name, tool_args=_args_text(call)
+        )
+        await out.tool_started(ctx, run_id, call_id, name, opening)
+        call_token = _context.current_tool_call_id.set(call_id)
+        ledger_token = _context.active_ledger.set(out)
+        try:
+            result = await handler(args)
+        except BaseException as error:
+            reason = describe_tool_error(error)
+            with anyio.CancelScope(shield=True):
+                await out.tool_closed(ctx, run_id, call_id, name, 'failed', reason)
+                await self._record(ctx, 'tool_call_failed', tool_call_id=call_id, tool_name=name, error=reason)
+            raise
+        finally:
+            _context.active_ledger.reset(ledger_token)
+            _context.current_tool_call_id.reset(call_token)
+        await out.tool_closed(ctx, run_id, call_id, name, 'completed', None)
+        await self._record(ctx, 'tool_call_completed', tool_call_id=call_id, tool_name=name)
+        return result
+
+    # --- node boundaries ------------------------------------------------------------------
+
+    async def after_node_run(
+        self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT], result: NodeResult[AgentDepsT]
+    ) -> NodeResult[AgentDepsT]:
+        """Snapshot after each tool cycle, with the pending tool returns folded in.
+
+        The returns of a `CallToolsNode` travel on the next `ModelRequestNode`'s request, which is
+        not in the history yet; folding it in makes the boundary settled the moment the tools end.
+        """
+        _context.live_history.set((ctx.messages, ctx.run_step))
+        if self.capture_frontier and isinstance(node, ModelRequestNode):
+            await self._snapshot(ctx, list(ctx.messages), ctx.run_step)
+        elif isinstance(node, CallToolsNode):
+            messages = list(ctx.messages)
+            if isinstance(result, ModelRequestNode):
+                messages.append(result.request)
+            if self._validity.check(messages):
+                if self._out.defers_final_boundary and isinstance(result, End):
+                    self._final_boundary = (messages, ctx.run_step)  # written with `run_completed`
+                else:
+                    await self._snapshot(ctx, messages, ctx.run_step, valid=True)
+            elif isinstance(self._out, BatchingWriter) and self._out.has_closed_entries:
+                await self._out.flush()  # no settled boundary: close the ledger entries anyway
+        return result
+
+
+def _args_text(call: ToolCallPart) -> str | None:
+    try:
+        text = call.args_as_json_str()
+    except (TypeError, ValueError):
+        return None
+    return (
+        text if len(text) <= TOOL_ARGS_LIMIT else text[:TOOL_ARGS_LIMIT] + f'... ({len(text) - TOOL_ARGS_LIMIT} more)'
+    )

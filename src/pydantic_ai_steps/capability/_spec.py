@@ -1,0 +1,28 @@
+"""Building a store from an agent spec's keyword arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..store.protocol import StepStore
+
+BACKENDS = ('memory', 'file', 'sqlite')
+
+
+def store_from_spec(kwargs: dict[str, Any]) -> StepStore:
+    """Pop the store settings out of `kwargs` and build the store they name."""
+    backend = kwargs.pop('backend', 'memory')
+    options: dict[str, Any] = {'max_snapshots_per_run': kwargs.pop('max_snapshots_per_run', None)}
+    if backend == 'memory':
+        from ..store.backends.memory import InMemoryStepStore
+
+        return InMemoryStepStore(**options)
+    if backend == 'file':
+        from ..store.backends.file import FileStepStore
+
+        return FileStepStore(kwargs.pop('directory', '.step-persistence'), **options)
+    if backend == 'sqlite':
+        from ..store.backends.sqlite import SqliteStepStore
+
+        return SqliteStepStore(database=kwargs.pop('database', '.step-persistence.db'), **options)
+    raise ValueError(f'unknown backend {backend!r}; expected one of {", ".join(map(repr, BACKENDS))}')

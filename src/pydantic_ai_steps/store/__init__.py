@@ -1,0 +1,60 @@
+"""The store kernel, for those who write a backend of their own (see `docs/backends.md`).
+
+- `Backend` (in `store.backend`): the storage primitives a backend implements, with its data types.
+- `StepStoreBase`: every public store method on top of a `Backend`.
+- `Encoding`: how a backend wants values represented in its rows.
+- `open_step_store` / `register_scheme`: stores from URLs.
+"""
+
+from __future__ import annotations
+
+from .backend import (
+    STALE,
+    SUPPRESSED,
+    Backend,
+    Closing,
+    CommitOutcome,
+    Damaged,
+    LogEntry,
+    LogSlice,
+    Probe,
+    Row,
+    SnapshotRow,
+    SnapshotWrite,
+    WriteBatch,
+)
+from .base import StepStoreBase
+from .codec import Encoding
+from .maintenance import BlobInfo, CollectableMediaStore, GarbageResult, PruneResult
+from .protocol import ManagedStepStore, RecordBatchStore, StepStore
+from .registry import StoreLocation, StoreScheme, StoreUrlError, open_step_store, register_scheme
+
+__all__ = [
+    'STALE',
+    'SUPPRESSED',
+    'Backend',
+    'BlobInfo',
+    'Closing',
+    'CollectableMediaStore',
+    'CommitOutcome',
+    'Damaged',
+    'Encoding',
+    'GarbageResult',
+    'LogEntry',
+    'LogSlice',
+    'ManagedStepStore',
+    'Probe',
+    'PruneResult',
+    'RecordBatchStore',
+    'Row',
+    'SnapshotRow',
+    'SnapshotWrite',
+    'StepStore',
+    'StepStoreBase',
+    'StoreLocation',
+    'StoreScheme',
+    'StoreUrlError',
+    'WriteBatch',
+    'open_step_store',
+    'register_scheme',
+]

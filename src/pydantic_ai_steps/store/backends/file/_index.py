@@ -1,0 +1,234 @@
+"""`_index/runs.jsonl`: the File store's lineage index, mirrored in memory and refreshed from its tail.
+
+Lines are full run rows (a registration), `{"deleted": run_id}` (a deletion), or
+`{"repaired_through": offset}` (damage before that offset was handled). Which runs exist is
+decided by `run.json`: a line whose run has no `run.json` is a registration that has not finished
+(or never will); when a run has several lines (a registration raced a duplicate), `run.json` says
+which one is real.
+
+Runs whose folder was made by another program (the upstream package writing the same
+directory, or a run folder copied in) have no index line. The index notices them: whenever the
+store directory's modification time changed since it last looked, it lists the directory and
+reads the `run.json` of every folder it does not know, and a writer appends their lines.
+
+Reading never writes: a missing index is rebuilt in memory by a scan, and written only by the
+next registration.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from ...codec import Row
+from .._offload import held
+from ._io import Tail, append_locked, json_object, line, logger, make_dir, read_bytes, write_exclusive
+from ._paths import INDEX_DIR, INDEX_FILE, RUN_FILE, is_run_dir_name, run_dir_name
+
+
+class RunIndex:
+    def __init__(self, root: Path, durable: Callable[[], bool]) -> None:
+        self._root = root
+        self._path = root / INDEX_DIR / INDEX_FILE
+        self._durable = durable
+        self._lock = threading.Lock()
+        self._tail = Tail()
+        self._lines: dict[str, list[Row]] = {}
+        self._confirmed: dict[str, Row] = {}
+        self._registered_here: set[str] = set()
+        self._deleted: set[str] = set()
+        self._repaired_through = 0
+        self._needs_repair = False
+        self._damaged = False
+        self._seen_mtime: int | None = None
+        self._noticed: dict[str, Row] = {}
+        """Runs found by scanning the directory that the index file does not name (yet)."""
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def append(self, text: bytes) -> None:
+        """Append lines, creating the index from the run folders first if it is missing.
+
+        Lines for runs found in folders the index did not name go first, and a marker after
+        damage this process saw, so the next reader neither misses those runs nor warns again.
+        """
+        for _ in range(3):
+            try:
+                with append_locked(self._path, lock=False) as appender:
+                    adopted = list(self._noticed.values())  # a copy: no lock may be waited for here
+                    appender.write(b''.join(line(row) for row in adopted) + text, self._durable())
+                    if self._damaged:
+                        appender.write(line({'repaired_through': appender.size_after}), self._durable())
+                        self._damaged = False
+                return
+            except FileNotFoundError:
+                with held(self._lock):
+                    self._create()
+        raise FileNotFoundError(f'could not create the run index {self._path}')
+
+    def registered(self, run_id: str) -> None:
+        # No lock: this runs after the registration's writes, where waiting (a reader may hold
+        # the lock for a while) is not allowed on the event loop; `set.add` is atomic.
+        self._registered_here.add(run_id)
+
+    def deleted(self, run_ids: list[str]) -> None:
+        if run_ids:
+            self.append(b''.join(line({'deleted': run_id}) for run_id in run_ids))
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def rows(self, wanted: dict[str, str]) -> list[Row]:
+        """Rows of existing runs whose fields equal `wanted` (by registration order)."""
+        with self._lock:
+            self._refresh()
+            candidates = [*self._lines, *(run_id for run_id in self._noticed if run_id not in self._lines)]
+            found: list[Row] = []
+            for run_id in candidates:
+                if run_id in self._deleted:
+                    continue
+                row = self._confirm(run_id)
+                if row is not None and all(row.get(name) == value for name, value in wanted.items()):
+                    found.append(row)
+            return found
+
+    def row_from_index(self, run_id: str) -> Row | None:
+        """The run's index line: its copy of `run.json`, when that file is unreadable."""
+        with held(self._lock):
+            self._refresh()
+            lines = self._lines.get(run_id)
+            return dict(lines[-1]) if lines else None
+
+    def _confirm(self, run_id: str) -> Row | None:
+        row = self._confirmed.get(run_id)
+        if row is not None:
+            return row
+        lines = self._lines.get(run_id) or [self._noticed[run_id]]
+        run_file = self._root / run_dir_name(run_id) / RUN_FILE
+        if len(lines) == 1 and (run_id in self._registered_here or run_file.exists()):
+            row = lines[0]
+        else:
+            try:
+                row = json_object(read_bytes(run_file))
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except (OSError, ValueError) as error:
+                logger.warning('unreadable run record %s (%s); using its index entry', run_file, error)
+                row = lines[-1]
+        self._confirmed[run_id] = row
+        return row
+
+    def _refresh(self) -> None:
+        if not self._path.exists():
+            self._tail.reset()
+            self._reset()
+            self._scan_folders()
+            return
+        self._tail.sync_path(self._path, self._add_lines)
+        if self._needs_repair:
+            self._scan_folders()
+            self._needs_repair = False
+        else:
+            self._notice_new_folders()
+
+    def _reset(self) -> None:
+        self._lines.clear()
+        self._confirmed.clear()
+        self._deleted.clear()
+        self._noticed.clear()
+        self._repaired_through = 0
+        self._needs_repair = False
+        self._seen_mtime = None
+
+    def _add_lines(self, lines: list[bytes], reset: bool) -> None:
+        if reset:
+            self._reset()
+        for text in lines:  # markers first: damage before one was already handled
+            if text.startswith(b'{"repaired_through":'):
+                try:
+                    marker = json_object(text).get('repaired_through')
+                except ValueError:
+                    continue
+                if isinstance(marker, int):
+                    self._repaired_through = max(self._repaired_through, marker)
+        position = self._tail.offset - sum(len(text) + 1 for text in lines)
+        for text in lines:
+            position += len(text) + 1
+            if not text.strip():
+                continue
+            try:
+                data = json_object(text)
+            except ValueError:
+                if position > self._repaired_through:
+                    logger.warning('damaged line in run index %s: %r', self._path, text[:200])
+                    self._needs_repair = self._damaged = True
+                continue
+            repaired, deleted, run_id = data.get('repaired_through'), data.get('deleted'), data.get('run_id')
+            if isinstance(repaired, int):
+                self._repaired_through = max(self._repaired_through, repaired)
+                self._needs_repair = self._damaged = False
+            elif isinstance(deleted, str):
+                self._deleted.add(deleted)
+                self._confirmed.pop(deleted, None)
+                self._lines.pop(deleted, None)
+            elif isinstance(run_id, str):
+                self._deleted.discard(run_id)
+                lines_of_run = self._lines.setdefault(run_id, [])
+                lines_of_run.append(data)
+                self._noticed.pop(run_id, None)
+                if len(lines_of_run) > 1:
+                    self._confirmed.pop(run_id, None)
+            elif position > self._repaired_through:
+                logger.warning('unrecognised line in run index %s: %r', self._path, text[:200])
+
+    def _notice_new_folders(self) -> None:
+        """List the store directory when it changed: folders the index does not name are runs too."""
+        try:
+            mtime = os.lstat(self._root).st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime != self._seen_mtime:
+            self._scan_folders(mtime)
+
+    def _scan_folders(self, mtime: int | None = None) -> None:
+        if mtime is None:
+            try:
+                mtime = os.lstat(self._root).st_mtime_ns
+            except FileNotFoundError:
+                return
+        self._seen_mtime = mtime
+        known = {run_dir_name(run_id) for run_id in self._lines} | {run_dir_name(run_id) for run_id in self._noticed}
+        try:
+            entries = list(os.scandir(self._root))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            if entry.name in known or not is_run_dir_name(entry.name) or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                row = json_object(read_bytes(Path(entry.path, RUN_FILE)))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except (OSError, ValueError) as error:
+                logger.warning('skipping unreadable run record in %s: %s', entry.path, error)
+                continue
+            run_id = row.get('run_id')
+            if isinstance(run_id, str) and run_dir_name(run_id) == entry.name and run_id not in self._deleted:
+                self._noticed[run_id] = row
+
+    def _create(self) -> None:
+        """Write the index file from the run folders (first registration, or after it was deleted)."""
+        if self._path.exists():
+            return
+        self._reset()
+        self._scan_folders()
+        text = b''.join(line(row) for row in self._noticed.values())
+        if make_dir(self._path.parent) and self._durable():
+            from ...._files import fsync_dir
+
+            fsync_dir(self._root)
+        # Exclusive create: if another process rebuilt it first, its file (and every line
+        # appended to it since) stands, and this one is discarded.
+        write_exclusive(self._path, text, self._durable())
+        self._tail.reset()

@@ -1,0 +1,180 @@
+"""The SQLite step store's tables, its migrations, and reading a database that was not migrated.
+
+Version 2 is the layout this release writes. A database is migrated by the first *write* that
+reaches it, never by a read, so inspecting a database another program owns (the upstream
+package's, say) changes nothing in it. Until then, reads use the columns the database has
+(`Columns`), reading a missing one as NULL.
+
+What migrating adds is additive: new tables, new columns, new indexes. It leaves in place what
+the upstream package relies on (its tables, its triggers, its key table
+`snapshot_idempotency_keys`, which this layout uses too), so an upstream process can keep
+writing the same file. What upstream cannot read afterwards: the snapshots this package writes
+(their history is in `messages`, which upstream does not know).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ...._errors import SchemaVersionError
+from ...codec import RUN_FIELDS
+
+SCHEMA_VERSION = 2
+
+RUN_COLUMNS = (*RUN_FIELDS, 'status', 'ended_at')
+_CREATE_TABLES = (
+    'CREATE TABLE IF NOT EXISTS runs ('
+    'run_id TEXT PRIMARY KEY, conversation_id TEXT, parent_run_id TEXT, agent_name TEXT, '
+    'metadata TEXT NOT NULL, started_at TEXT NOT NULL, registration_id TEXT, pydantic_ai_run_id TEXT, '
+    'run_metadata TEXT, parent_tool_call_id TEXT, continued_from TEXT, forked_from TEXT, status TEXT, ended_at TEXT)',
+    'CREATE TABLE IF NOT EXISTS events ('
+    'seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, kind TEXT NOT NULL, '
+    'step_index INTEGER NOT NULL, timestamp TEXT NOT NULL, conversation_id TEXT, parent_run_id TEXT, '
+    'agent_name TEXT, tool_call_id TEXT, tool_name TEXT, error TEXT, metadata TEXT NOT NULL, '
+    'idempotency_key TEXT, tool_args TEXT)',
+    'CREATE TABLE IF NOT EXISTS snapshots ('
+    'seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, step_index INTEGER NOT NULL, '
+    'conversation_id TEXT, parent_run_id TEXT, agent_name TEXT, timestamp TEXT NOT NULL, '
+    "state TEXT NOT NULL DEFAULT 'complete', messages TEXT NOT NULL, idempotency_key TEXT, "
+    'message_count INTEGER, log_size INTEGER)',
+    'CREATE TABLE IF NOT EXISTS messages ('
+    'run_id TEXT NOT NULL, log_index INTEGER NOT NULL, position INTEGER NOT NULL, message TEXT NOT NULL, '
+    # A rowid table, not WITHOUT ROWID: messages are kilobytes, and WITHOUT ROWID keeps only ~1 KB
+    # of a row on its page and spills the rest to overflow pages, which nearly doubled the file.
+    'PRIMARY KEY (run_id, log_index))',
+    'CREATE TABLE IF NOT EXISTS snapshot_idempotency_keys ('
+    'run_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, PRIMARY KEY (run_id, idempotency_key)) WITHOUT ROWID',
+    'CREATE TABLE IF NOT EXISTS tool_effects ('
+    'run_id TEXT NOT NULL, tool_call_id TEXT NOT NULL, tool_name TEXT NOT NULL, status TEXT NOT NULL, '
+    'started_at TEXT NOT NULL, ended_at TEXT, idempotency_key TEXT, effect_summary TEXT, resolution TEXT, '
+    'resolved_by TEXT, resolved_at TEXT, resolution_note TEXT, PRIMARY KEY (run_id, tool_call_id))',
+)
+_ADDED_COLUMNS = (
+    # Columns later releases added to tables an older database (or the upstream package's) may have.
+    ('runs', 'registration_id', 'TEXT'),
+    ('runs', 'pydantic_ai_run_id', 'TEXT'),
+    ('runs', 'run_metadata', 'TEXT'),
+    ('runs', 'parent_tool_call_id', 'TEXT'),
+    ('runs', 'continued_from', 'TEXT'),
+    ('runs', 'forked_from', 'TEXT'),
+    ('runs', 'status', 'TEXT'),
+    ('runs', 'ended_at', 'TEXT'),
+    ('events', 'idempotency_key', 'TEXT'),
+    ('events', 'tool_args', 'TEXT'),
+    ('snapshots', 'state', "TEXT NOT NULL DEFAULT 'complete'"),
+    ('snapshots', 'idempotency_key', 'TEXT'),
+    ('snapshots', 'message_count', 'INTEGER'),
+    ('snapshots', 'log_size', 'INTEGER'),
+    ('tool_effects', 'resolution', 'TEXT'),
+    ('tool_effects', 'resolved_by', 'TEXT'),
+    ('tool_effects', 'resolved_at', 'TEXT'),
+    ('tool_effects', 'resolution_note', 'TEXT'),
+)
+_CREATE_INDEXES = (
+    'CREATE INDEX IF NOT EXISTS idx_runs_conversation_started ON runs(conversation_id, started_at)',
+    'CREATE INDEX IF NOT EXISTS idx_runs_parent_started ON runs(parent_run_id, started_at)',
+    'CREATE INDEX IF NOT EXISTS idx_runs_started ON runs(started_at)',
+    'CREATE INDEX IF NOT EXISTS idx_runs_agent_started ON runs(agent_name, started_at)',
+    'CREATE INDEX IF NOT EXISTS idx_runs_pydantic_ai ON runs(pydantic_ai_run_id) WHERE pydantic_ai_run_id IS NOT NULL',
+    'CREATE INDEX IF NOT EXISTS idx_runs_status_started ON runs(status, started_at)',
+    'CREATE INDEX IF NOT EXISTS idx_runs_status_ended ON runs(status, ended_at)',
+    'CREATE INDEX IF NOT EXISTS idx_events_run_seq ON events(run_id, seq)',
+    'CREATE UNIQUE INDEX IF NOT EXISTS idx_events_run_key ON events(run_id, idempotency_key) '
+    'WHERE idempotency_key IS NOT NULL',
+    'CREATE INDEX IF NOT EXISTS idx_snapshots_run_seq ON snapshots(run_id, seq)',
+    'CREATE INDEX IF NOT EXISTS idx_snapshots_run_state_seq ON snapshots(run_id, state, seq)',
+)
+TABLES = ('runs', 'events', 'snapshots', 'tool_effects', 'messages', 'snapshot_idempotency_keys')
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    try:
+        row = conn.execute('SELECT MAX(version) FROM schema_version').fetchone()
+    except sqlite3.OperationalError:
+        return 0
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
+def check_readable(version: int) -> None:
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f'database schema version {version} is newer than this release understands '
+            f'({SCHEMA_VERSION}); upgrade pydantic-ai-steps to open it'
+        )
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the database to `SCHEMA_VERSION`. Call inside a write transaction that re-checked the version."""
+    version = schema_version(conn)
+    check_readable(version)
+    if version == 0 and not _tables(conn):
+        conn.execute('PRAGMA auto_vacuum = INCREMENTAL')  # only takes effect before the first table
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        _MIGRATIONS[target](conn)
+        conn.execute('INSERT INTO schema_version (version) VALUES (?)', (target,))
+
+
+def _migrate_to_1(conn: sqlite3.Connection) -> None:
+    """The message log. Databases of older layouts (ours, or the upstream package's) are adopted."""
+    conn.execute('CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)')
+
+
+def _migrate_to_2(conn: sqlite3.Connection) -> None:
+    """Run status, pydantic-ai's run id and run metadata, lineage of continues and forks, ledger resolutions.
+
+    Snapshot keys live in `snapshot_idempotency_keys` (the upstream package's table, which it keeps
+    using); keys an earlier release kept in `snapshot_keys` move there.
+    """
+    for statement in _CREATE_TABLES:
+        conn.execute(statement)
+    for table, column, declaration in _ADDED_COLUMNS:
+        if column not in table_columns(conn, table):
+            conn.execute(f'ALTER TABLE {table} ADD COLUMN {column} {declaration}')
+    for statement in _CREATE_INDEXES:
+        conn.execute(statement)
+    if 'snapshot_keys' in _tables(conn):
+        conn.execute(
+            'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) '
+            'SELECT run_id, idempotency_key FROM snapshot_keys'
+        )
+        conn.execute('DROP TABLE snapshot_keys')
+    # Rows of runs that ended before status existed: read the closing event once.
+    conn.execute(
+        "UPDATE runs SET (status, ended_at) = (SELECT CASE kind WHEN 'run_completed' THEN 'completed' "
+        "ELSE 'failed' END, timestamp FROM events e WHERE e.run_id = runs.run_id "
+        "AND kind IN ('run_completed', 'run_failed') ORDER BY seq DESC LIMIT 1) WHERE status IS NULL"
+    )
+
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_to_1, 2: _migrate_to_2}
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f'PRAGMA table_info({table})')}
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What a database has, for reading one that may not be migrated yet."""
+
+    tables: frozenset[str]
+    columns: dict[str, frozenset[str]]
+
+    @classmethod
+    def read(cls, conn: sqlite3.Connection) -> Columns:
+        tables = frozenset(_tables(conn))
+        return cls(tables, {table: frozenset(table_columns(conn, table)) for table in tables})
+
+    def has(self, table: str) -> bool:
+        return table in self.tables
+
+    def select(self, table: str, fields: Sequence[str], prefix: str = '') -> str:
+        """`a, b, NULL, ...` for `fields`, NULL where the column is missing."""
+        present = self.columns.get(table, frozenset())
+        return ', '.join(f'{prefix}{name}' if name in present else 'NULL' for name in fields)

@@ -1,0 +1,264 @@
+"""A snapshot's history into message-log appends, and stored texts back into messages.
+
+Writing (`prepare`): find the candidate messages (`HistoryTracker`), serialize only those, drop the
+ones whose content is unchanged, move large payloads to the media store, store a changed version
+as a patch of the position's previous full text when that is much smaller. The result is a list
+of `(position, text)` appends for the backend. Reading (`load`): the kernel resolves patches
+(`history.resolve_log`); this module restores media in the texts that carry markers and rebuilds
+the messages. See `history` for the log layout.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from pydantic_ai.messages import BinaryContent, ModelMessage
+
+from .._json import compact_json
+from .._records import ContinuableSnapshot
+from ..media._context import MediaContext
+from ..media._protocol import MediaStore
+from ..media._uri import parse_media_uri, uri_for_digest
+from ..media._walker import externalize_tree, has_markers, might_need_externalizing, restore_media
+from ._hashing import HashedBinaries
+from .history import (
+    TAIL,
+    HistoryDelta,
+    HistoryTracker,
+    PatchBase,
+    content_digest,
+    is_patch,
+    make_patch,
+    message_to_json,
+    messages_from_json,
+)
+
+DEFAULT_MEDIA_THRESHOLD = 64 * 1024
+PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
+BLOB_MEMO_SECONDS = 600.0
+"""How long this process trusts that a blob it put is still in the media store. Media garbage
+collection never removes a blob put within its grace period (an hour by default), so a writer
+that re-puts anything older than this never references a blob that collection removed."""
+_BLOBS_REMEMBERED = 4096
+PATCH_RATIO = 2
+"""A changed version is stored as a patch only if the patch is at most 1/PATCH_RATIO of its full text."""
+
+
+@dataclass
+class PreparedSnapshot:
+    """What a backend must write for one snapshot, computed before any I/O."""
+
+    snapshot: ContinuableSnapshot
+    appends: list[tuple[int, str]]
+    """`(position, stored JSON)` of every message version the log does not hold yet."""
+    message_count: int
+    known_log_size: int | None
+    """The run's log length as this process last wrote it; `None` if the backend must look it up."""
+    _delta: HistoryDelta[bytes]
+    _digests: dict[int, bytes]
+    _weights: dict[int, int]
+    _full: dict[int, int] = field(default_factory=dict[int, int])
+    """Position -> offset in `appends` of the full texts written for the last `TAIL` positions."""
+
+
+class MessageLog:
+    """Per-store encoder of snapshots into message-log appends, and decoder back."""
+
+    def __init__(self, media_store: MediaStore | None, threshold_bytes: int) -> None:
+        self.media_store = media_store
+        self.threshold_bytes = threshold_bytes
+        self._stored_blobs: OrderedDict[bytes, float] = OrderedDict()
+        """Digest -> when this process last put it in `media_store` (bounded, most recent last)."""
+        self._hashed = HashedBinaries()
+        self._tracker: HistoryTracker[bytes] = HistoryTracker()
+
+    @property
+    def tracker(self) -> HistoryTracker[bytes]:
+        return self._tracker
+
+    async def prepare(self, snapshot: ContinuableSnapshot) -> PreparedSnapshot:
+        delta = self._tracker.delta(snapshot.run_id, snapshot.messages)
+        appends: list[tuple[int, str]] = []
+        digests: dict[int, bytes] = {}
+        weights: dict[int, int] = {}
+        full: dict[int, int] = {}
+        tail = len(delta.messages) - TAIL
+        for position in delta.candidates:
+            message, placeholders, offloaded = await self._offload_binaries(delta.messages[position])
+            text = message_to_json(message)
+            digest = content_digest(text)
+            digests[position] = digest
+            weights[position] = len(text) + offloaded
+            if delta.stored_at(position) == digest:
+                continue
+            stored = await self._externalize(text, placeholders)
+            patch = _patch(delta.base_at(position), stored)
+            if patch is not None:
+                appends.append((position, patch))
+                continue
+            if position >= tail:
+                full[position] = len(appends)
+            appends.append((position, stored))
+        known = delta.previous.log_size if delta.previous is not None else None
+        return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests, weights, full)
+
+    def committed(self, prepared: PreparedSnapshot, log_size: int) -> None:
+        """The backend wrote `prepared`; the run's log now holds `log_size` entries.
+
+        A backend appends a snapshot's entries contiguously at the end of the log, so the full texts
+        just written sit at `log_size - len(appends) + offset`: the bases of later patches.
+        """
+        first = log_size - len(prepared.appends)
+        bases = {
+            position: PatchBase(first + offset, prepared.appends[offset][1])
+            for position, offset in prepared._full.items()  # pyright: ignore[reportPrivateUsage]
+        }
+        self._tracker.commit(
+            prepared._delta,  # pyright: ignore[reportPrivateUsage]
+            prepared._digests,  # pyright: ignore[reportPrivateUsage]
+            log_size,
+            bases,
+            prepared._weights,  # pyright: ignore[reportPrivateUsage]
+        )
+
+    async def save(
+        self, snapshot: ContinuableSnapshot, write: Callable[[PreparedSnapshot], Awaitable[int | str | None]]
+    ) -> int | str | None:
+        """Prepare `snapshot`, have the backend `write` it, and remember what was written.
+
+        A `'stale'` outcome means another writer extended the run's log since this process last
+        wrote it: nothing was written, so the history is prepared again in full and written once
+        more, expecting no particular log end (which cannot be stale). Any failure leaves the
+        outcome unknown: the run's next save starts over. Returns what `write` returned.
+        """
+        run_id = snapshot.run_id
+        try:
+            prepared = await self.prepare(snapshot)
+            outcome = await write(prepared)
+            if outcome == 'stale':
+                self.forget(run_id)
+                prepared = await self.prepare(snapshot)
+                outcome = await write(prepared)
+        except BaseException:
+            self.forget(run_id)
+            raise
+        if isinstance(outcome, int):
+            self.committed(prepared, outcome)
+        elif outcome != 'suppressed':
+            self.forget(run_id)
+        return outcome
+
+    def forget(self, run_id: str) -> None:
+        """The run ended, or a write failed or was stale: the next save of it rewrites from scratch."""
+        self._tracker.forget(run_id)
+
+    async def load(self, texts: Sequence[str]) -> list[ModelMessage]:
+        """Rebuild messages from stored texts (patches resolved), putting externalized payloads back."""
+        if any(map(is_patch, texts)):
+            raise ValueError('a message text is an unresolved patch')
+        if self.media_store is not None:
+            texts = [await self._restore(text) if has_markers(text) else text for text in texts]
+        return messages_from_json(texts)
+
+    async def _externalize(self, text: str, placeholders: dict[str, str]) -> str:
+        if self.media_store is None or not (placeholders or might_need_externalizing(text, self.threshold_bytes)):
+            return text
+        tree: object = await externalize_tree(
+            json.loads(text),
+            media_store=self.media_store,
+            threshold_bytes=self.threshold_bytes,
+            already_stored=placeholders,
+        )
+        return compact_json(tree)
+
+    async def _offload_binaries(self, message: ModelMessage) -> tuple[ModelMessage, dict[str, str], int]:
+        """Put large `BinaryContent` bytes in the media store straight from the message objects.
+
+        Serializing a 256 KiB image only to parse, decode and hash its base64 again costs more
+        than the rest of a boundary, so the bytes go to the media store as they are and the
+        message is serialized with a small placeholder in their place (on a shallow copy; the
+        live message is never touched). The placeholder is derived from the content hash, so the
+        serialized text still identifies the content. Payloads nested elsewhere (say, inside a
+        dict returned by a tool) are found by the JSON walk as before. Also returns how many
+        bytes were moved out.
+        """
+        placeholders: dict[str, str] = {}
+        if self.media_store is None:
+            return message, placeholders, 0
+        parts: list[Any] | None = None
+        moved = 0
+        for index, part in enumerate(message.parts):
+            content = getattr(part, 'content', None)
+            replaced, size = await self._offload_content(content, placeholders)
+            if replaced is not content:
+                moved += size
+                parts = parts if parts is not None else list(message.parts)
+                stand_in = copy.copy(part)
+                stand_in.content = replaced  # pyright: ignore[reportAttributeAccessIssue]
+                parts[index] = stand_in
+        if parts is None:
+            return message, placeholders, 0
+        light = copy.copy(message)
+        light.parts = parts
+        return light, placeholders, moved
+
+    async def _offload_content(self, content: object, placeholders: dict[str, str]) -> tuple[object, int]:
+        if isinstance(content, BinaryContent):
+            replaced = await self._placeholder(content, placeholders)
+            return replaced, len(content.data) if replaced is not content else 0
+        if not isinstance(content, list | tuple):
+            return content, 0
+        items = cast(Sequence[object], content)
+        large = [item for item in items if isinstance(item, BinaryContent) and len(item.data) >= self.threshold_bytes]
+        if not large:
+            return items, 0
+        swapped = [
+            await self._placeholder(item, placeholders) if isinstance(item, BinaryContent) else item for item in items
+        ]
+        moved = sum(len(item.data) for item in large)
+        return (swapped if isinstance(content, list) else tuple(swapped)), moved
+
+    async def _placeholder(self, binary: BinaryContent, placeholders: dict[str, str]) -> BinaryContent:
+        if len(binary.data) < self.threshold_bytes:
+            return binary
+        assert self.media_store is not None
+        digest, identifier = await self._hashed.digest_and_identifier(binary)
+        put_at = self._stored_blobs.get(digest)
+        now = time.monotonic()
+        if put_at is not None and now - put_at < BLOB_MEMO_SECONDS:
+            # The same bytes (say, an image sent in every turn) are not sent to the media store again.
+            self._stored_blobs.move_to_end(digest)
+            uri = uri_for_digest(digest.hex())
+        else:
+            media_type = binary.media_type if isinstance(binary.media_type, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
+            uri = await self.media_store.put(binary.data, context=MediaContext(media_type=media_type))
+            self._stored_blobs[bytes.fromhex(parse_media_uri(uri))] = now
+            self._stored_blobs.move_to_end(bytes.fromhex(parse_media_uri(uri)))
+            if len(self._stored_blobs) > _BLOBS_REMEMBERED:
+                self._stored_blobs.popitem(last=False)
+        placeholder = PLACEHOLDER_PREFIX + bytes.fromhex(parse_media_uri(uri))
+        stand_in = copy.copy(binary)
+        stand_in._identifier = identifier  # pyright: ignore[reportPrivateUsage]
+        stand_in.data = placeholder
+        placeholders[base64.urlsafe_b64encode(placeholder).decode()] = uri
+        return stand_in
+
+    async def _restore(self, text: str) -> str:
+        assert self.media_store is not None
+        tree: object = await restore_media(json.loads(text), media_store=self.media_store)
+        return compact_json(tree)
+
+
+def _patch(base: PatchBase | None, text: str) -> str | None:
+    """`text` as a patch of `base`, if this process knows the position's base and the patch is much smaller."""
+    if base is None or len(text) < 64:
+        return None
+    patch = make_patch(base.index, base.text, text)
+    return patch if patch is not None and len(patch) * PATCH_RATIO <= len(text) else None

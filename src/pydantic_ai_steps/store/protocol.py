@@ -1,0 +1,165 @@
+"""What the capability needs from a store (`StepStore`), and what the library offers on top of it.
+
+- `StepStore`: the ten methods of the published protocol. Any object with them works with the
+  capability and the helpers.
+- `RecordBatchStore`: a `StepStore` that writes several records as one unit (`write_records`);
+  the capability then writes a tool cycle in two writes instead of eight.
+- `ManagedStepStore`: everything a store built on `StepStoreBase` offers (every shipped store):
+  queries, the whole ledger and its resolutions, deletion, pruning, garbage collection and its
+  lifecycle. The CLI works with these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+
+from .._records import (
+    ContinuableSnapshot,
+    EffectResolution,
+    RunQuery,
+    RunRecord,
+    RunStatus,
+    StepEvent,
+    ToolEffectRecord,
+)
+
+if TYPE_CHECKING:
+    from ..media._protocol import MediaStore
+    from .backend import Probe
+    from .maintenance import GarbageResult, PruneResult
+
+
+@runtime_checkable
+class StepStore(Protocol):
+    """An async store of runs, events, snapshots and tool effects.
+
+    The contract every shipped store meets, and `pydantic_ai_steps.testing.step_store` checks:
+
+    - `register_run` raises `RunAlreadyExistsError` (a `ValueError`) for a run id already stored.
+    - `list_runs` filters by equality (both filters AND-ed) and sorts by `started_at`, oldest first.
+    - `append_event` and `save_snapshot` apply a non-null `idempotency_key` at most once per run,
+      even after the snapshot it named was pruned.
+    - `latest_snapshot` returns the newest `complete` snapshot, or the newest of any state with
+      `include_interrupted=True`; `None` when there is none.
+    - `record_tool_effect` upserts by `(run_id, tool_call_id)`; the last write wins.
+    - Readers skip a damaged record with a logged warning instead of raising.
+    """
+
+    async def register_run(self, record: RunRecord) -> None: ...
+
+    async def get_run(self, *, run_id: str) -> RunRecord | None: ...
+
+    async def list_runs(
+        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+    ) -> list[RunRecord]: ...
+
+    async def append_event(self, event: StepEvent) -> None: ...
+
+    async def list_events(self, *, run_id: str) -> list[StepEvent]: ...
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None: ...
+
+    async def latest_snapshot(
+        self, *, run_id: str, include_interrupted: bool = False
+    ) -> ContinuableSnapshot | None: ...
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None: ...
+
+    async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None: ...
+
+    async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]: ...
+
+
+@runtime_checkable
+class RecordBatchStore(StepStore, Protocol):
+    """A `StepStore` that can also write several records as one unit (optional).
+
+    `write_records` must be equivalent to `register_run(run)` (raising `RunAlreadyExistsError`
+    before anything else is written), then `save_snapshot(snapshot)`, then `record_tool_effect`
+    for each tool effect, then `append_event` for each event, in that order, with the same
+    idempotency rules; a store with transactions makes it one. The capability uses it, when a
+    store offers it and no durability engine journals its calls one by one, to write a step's
+    informational events and closed ledger entries together with the next write that must
+    happen anyway (a ledger `started` entry or a boundary snapshot), so a tool cycle costs two
+    writes instead of eight.
+    """
+
+    async def write_records(
+        self,
+        *,
+        run: RunRecord | None = None,
+        snapshot: ContinuableSnapshot | None = None,
+        tool_effects: Sequence[ToolEffectRecord] = (),
+        events: Sequence[StepEvent] = (),
+    ) -> None: ...
+
+
+@runtime_checkable
+class ManagedStepStore(RecordBatchStore, Protocol):
+    """Every method of a store built on `StepStoreBase`: what the CLI and the recovery helpers use."""
+
+    async def list_runs(  # pyright: ignore[reportIncompatibleMethodOverride]
+        self,
+        *,
+        parent_run_id: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        status: RunStatus | None = None,
+        started_after: datetime | None = None,
+        started_before: datetime | None = None,
+        metadata: Mapping[str, str] | None = None,
+        run_metadata: Mapping[str, str | int | float | bool | None] | None = None,
+        pydantic_ai_run_id: str | None = None,
+        newest_first: bool = False,
+        limit: int | None = None,
+    ) -> list[RunRecord]: ...
+
+    async def query_runs(self, query: RunQuery) -> list[RunRecord]: ...
+
+    async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]: ...
+
+    async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]: ...
+
+    async def resolve_tool_effect(
+        self,
+        *,
+        run_id: str,
+        tool_call_id: str,
+        outcome: EffectResolution,
+        by: str | None = None,
+        note: str | None = None,
+    ) -> ToolEffectRecord: ...
+
+    async def delete_run(self, run_id: str, *, include_delegates: bool = False) -> list[str]: ...
+
+    async def delete_conversation(self, conversation_id: str, *, include_delegates: bool = False) -> list[str]: ...
+
+    async def prune(
+        self,
+        *,
+        older_than: timedelta | None = None,
+        keep_last: int | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        dry_run: bool = False,
+    ) -> PruneResult: ...
+
+    async def collect_garbage(self, *, grace: timedelta = ..., dry_run: bool = False) -> GarbageResult: ...
+
+    async def probe(self) -> Probe: ...
+
+    @property
+    def media_store(self) -> MediaStore | None: ...
+
+    @property
+    def media_threshold_bytes(self) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...

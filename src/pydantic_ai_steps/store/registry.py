@@ -1,0 +1,255 @@
+"""Stores from URLs: `open_step_store('sqlite:///runs.db')`, and the CLI's `--store`, through one registry.
+
+Each backend is one `StoreScheme` registered under its URL scheme; the networked ones are imported
+only when a URL names them, so their drivers stay optional. Built in:
+
+- `sqlite:///relative/path.db`, `sqlite:////absolute/path.db` (SQLAlchemy's convention: the path
+  follows the third slash), and a bare path ending in `.db`, `.sqlite` or `.sqlite3`;
+- `file:///absolute/dir` (RFC 8089), `file:relative/dir`, and a bare path to an existing directory;
+- `memory:` (this process only);
+- `postgresql://user@host:port/db` (also `postgres://`), `mongodb://host:port/db` (also `mongodb+srv://`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from .._errors import StepsError
+from .protocol import ManagedStepStore
+
+SQLITE_SUFFIXES = ('.db', '.sqlite', '.sqlite3')
+_SQLITE_HEADER = b'SQLite format 3\x00'
+_SCHEME = re.compile(r'([A-Za-z][A-Za-z0-9+.-]+):')
+"""A URL scheme of two or more characters, so a Windows drive letter (`C:`) reads as a path."""
+
+
+class StoreUrlError(StepsError, ValueError):
+    """A store URL (or `--store` value) that names no store this package can open."""
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """A parsed store URL: the scheme that owns it, its target, and how to print it back."""
+
+    scheme: StoreScheme
+    target: str
+    """Scheme-specific: a filesystem path for SQLite and File, a connection URL for servers."""
+    url: str
+    """How messages should name this store (a server password is never shown)."""
+
+    def open(self, **options: Any) -> ManagedStepStore:
+        """A store over this location (created by its first write if nothing is there)."""
+        return self.scheme.open(self, **options)
+
+
+class StoreScheme(ABC):
+    """One kind of store behind a URL scheme."""
+
+    scheme: str
+    """The URL scheme, without `:`."""
+    aliases: tuple[str, ...] = ()
+    example: str
+    """A sample URL, shown in help and error messages."""
+
+    @abstractmethod
+    def parse(self, url: str) -> StoreLocation:
+        """Turn a URL of this scheme into a location; raise `StoreUrlError` saying what is wrong."""
+
+    def claims_path(self, path: Path) -> bool:
+        """Whether a bare filesystem path (no scheme) names a store of this kind."""
+        del path
+        return False
+
+    def from_path(self, path: Path) -> StoreLocation:
+        raise StoreUrlError(f'{self.scheme} stores cannot be named by a bare path; use {self.example}')
+
+    @abstractmethod
+    def open(self, location: StoreLocation, **options: Any) -> ManagedStepStore: ...
+
+
+class SqliteScheme(StoreScheme):
+    scheme = 'sqlite'
+    example = 'sqlite:///steps.db'
+
+    def parse(self, url: str) -> StoreLocation:
+        rest = url[len('sqlite://') :] if url.lower().startswith('sqlite://') else ''
+        if not rest.startswith('/') or rest == '/':
+            raise StoreUrlError(
+                f'bad SQLite store URL {url!r}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db'
+            )
+        if '?' in rest or '#' in rest:
+            raise StoreUrlError(f'bad SQLite store URL {url!r}: query strings and fragments are not supported')
+        return StoreLocation(self, unquote(rest[1:]), url)
+
+    def claims_path(self, path: Path) -> bool:
+        if path.suffix.lower() in SQLITE_SUFFIXES:
+            return True
+        try:
+            with path.open('rb') as handle:
+                return path.is_file() and handle.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+        except OSError:
+            return False
+
+    def from_path(self, path: Path) -> StoreLocation:
+        return StoreLocation(self, str(path), 'sqlite:///' + quote(path.as_posix(), safe='/:~'))
+
+    def open(self, location: StoreLocation, **options: Any) -> ManagedStepStore:
+        from .backends.sqlite import SqliteStepStore
+
+        return SqliteStepStore(database=location.target, **options)
+
+
+class FileScheme(StoreScheme):
+    scheme = 'file'
+    example = 'file:///absolute/dir'
+
+    def parse(self, url: str) -> StoreLocation:
+        rest = url[len('file:') :]
+        if '?' in rest or '#' in rest:
+            raise StoreUrlError(f'bad file store URL {url!r}: query strings and fragments are not supported')
+        if rest.startswith('//'):
+            host, slash, path = rest[2:].partition('/')
+            if host not in ('', 'localhost') or not slash:
+                raise StoreUrlError(f'bad file store URL {url!r}: expected file:///absolute/dir or file:relative/dir')
+            target = '/' + path
+        else:
+            target = rest
+        if not target:
+            raise StoreUrlError(f'bad file store URL {url!r}: no directory given')
+        return StoreLocation(self, unquote(target), url)
+
+    def claims_path(self, path: Path) -> bool:
+        return path.is_dir()
+
+    def from_path(self, path: Path) -> StoreLocation:
+        return StoreLocation(self, str(path), 'file://' + quote(path.resolve().as_posix(), safe='/:~'))
+
+    def open(self, location: StoreLocation, **options: Any) -> ManagedStepStore:
+        from .backends.file import FileStepStore
+
+        return FileStepStore(location.target, **options)
+
+
+class MemoryScheme(StoreScheme):
+    scheme = 'memory'
+    example = 'memory:'
+
+    def parse(self, url: str) -> StoreLocation:
+        if url.rstrip('/') not in ('memory:', 'memory:/'):
+            raise StoreUrlError(f'bad memory store URL {url!r}: expected memory:')
+        return StoreLocation(self, '', 'memory:')
+
+    def open(self, location: StoreLocation, **options: Any) -> ManagedStepStore:
+        from .backends.memory import InMemoryStepStore
+
+        return InMemoryStepStore(**options)
+
+
+class ServerScheme(StoreScheme):
+    """A networked store, whose module (and driver) is imported only when a URL names it."""
+
+    def __init__(self, scheme: str, aliases: tuple[str, ...], example: str, loader: str) -> None:
+        self.scheme = scheme
+        self.aliases = aliases
+        self.example = example
+        self._loader = loader
+
+    def parse(self, url: str) -> StoreLocation:
+        parts = urlsplit(url)
+        if not parts.hostname and parts.scheme != 'mongodb+srv':
+            raise StoreUrlError(f'bad {self.scheme} store URL {_redacted(url)!r}: no host; expected {self.example}')
+        return StoreLocation(self, url, _redacted(url))
+
+    def open(self, location: StoreLocation, **options: Any) -> ManagedStepStore:
+        module_name, _, attribute = self._loader.partition(':')
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise StoreUrlError(f'{location.url} needs a driver that is not installed: {error}') from None
+        return getattr(module, attribute)(location, **options)
+
+
+def _redacted(url: str) -> str:
+    """The URL with any password replaced by `***`, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit('@', 1)[1]
+    user = parts.username or ''
+    return urlunsplit((parts.scheme, f'{user}:***@{netloc}', parts.path, parts.query, parts.fragment))
+
+
+SCHEMES: dict[str, StoreScheme] = {}
+"""Scheme (and alias) -> store kind, in registration order (the order help texts list them)."""
+
+
+def register_scheme(kind: StoreScheme) -> None:
+    """Make `<scheme>:...` store URLs open with `kind` (the CLI's `--store` included)."""
+    for name in (kind.scheme, *kind.aliases):
+        SCHEMES[name.lower()] = kind
+
+
+register_scheme(SqliteScheme())
+register_scheme(FileScheme())
+register_scheme(MemoryScheme())
+register_scheme(
+    ServerScheme(
+        'postgresql',
+        ('postgres',),
+        'postgresql://user@host:5432/db',
+        'pydantic_ai_steps.store.backends.postgres:open_location',
+    )
+)
+register_scheme(
+    ServerScheme(
+        'mongodb', ('mongodb+srv',), 'mongodb://host:27017/db', 'pydantic_ai_steps.store.backends.mongo:open_location'
+    )
+)
+
+
+def schemes_help() -> str:
+    return ', '.join(dict.fromkeys(kind.example for kind in SCHEMES.values()))
+
+
+def resolve(value: str) -> StoreLocation:
+    """Parse a store URL of a registered scheme, or a bare path whose shape names one."""
+    if not isinstance(value, str) or not value:  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise StoreUrlError(f'empty store URL; expected one of {schemes_help()}, or a path')
+    match = _SCHEME.match(value)
+    if match is not None:
+        scheme = match.group(1).lower()
+        kind = SCHEMES.get(scheme)
+        if kind is None:
+            known = ', '.join(f'{name}:' for name in SCHEMES)
+            raise StoreUrlError(
+                f'unknown store scheme {scheme + ":"!r} in {_redacted(value)!r}; known schemes: {known}'
+            )
+        return kind.parse(value)
+    path = Path(value).expanduser()
+    for kind in dict.fromkeys(SCHEMES.values()):
+        if kind.claims_path(path):
+            return kind.from_path(path)
+    if path.exists():
+        raise StoreUrlError(
+            f'{value!r} is neither a SQLite database nor a directory; name a store like {schemes_help()}'
+        )
+    raise StoreUrlError(
+        f'no store at {value!r}; a bare path must end in {", ".join(SQLITE_SUFFIXES)} (SQLite) or be an '
+        f'existing directory (File store), or use a URL: {schemes_help()}'
+    )
+
+
+def open_step_store(url: str, **options: Any) -> ManagedStepStore:
+    """The store a URL names, with the store's own keyword arguments (`max_snapshots_per_run=` and so on).
+
+    ```python
+    store = open_step_store('sqlite:///runs.db')
+    ```
+    """
+    return resolve(url).open(**options)

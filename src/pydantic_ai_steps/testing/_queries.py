@@ -1,0 +1,143 @@
+"""Conformance: finding runs (`list_runs` filters and order), the whole ledger and its resolutions,
+and the checks every record and run id passes before anything is written."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from .._errors import InvalidRecordError, InvalidRunIdError
+from .._records import RunRecord, StepEvent, ToolEffectRecord
+from ..store.protocol import StepStore
+from ._kernel import managed
+from ._support import T0, StoreFactory, new_run, new_run_id, snapshot, tool_cycle
+
+
+async def _closed(store: StepStore, run_id: str, kind: str, at: int) -> None:
+    await store.append_event(StepEvent(run_id=run_id, kind=kind, step_index=1, timestamp=T0 + timedelta(hours=at)))  # pyright: ignore[reportArgumentType]
+
+
+class QueryConformance:
+    @pytest.mark.anyio
+    async def test_list_runs_filters_orders_and_limits(self, store: StepStore) -> None:
+        runs = managed(store)
+        agent = new_run_id('agent')
+        ids = [
+            await new_run(runs, agent_name=agent, started_at=T0 + timedelta(minutes=minute), metadata={'tier': tier})
+            for minute, tier in ((0, 'free'), (1, 'paid'), (2, 'paid'), (3, 'free'))
+        ]
+        await _closed(runs, ids[0], 'run_completed', 1)
+        await _closed(runs, ids[1], 'run_failed', 2)
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent)] == ids
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, newest_first=True, limit=2)] == ids[:1:-1]
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, limit=0)] == []
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, status='completed')] == [ids[0]]
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, status='failed')] == [ids[1]]
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, status='unfinished')] == ids[2:]
+        after = T0 + timedelta(minutes=1)
+        before = T0 + timedelta(minutes=3)
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, started_after=after)] == ids[1:]
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, started_before=before)] == ids[:3]
+        paid = await runs.list_runs(agent_name=agent, metadata={'tier': 'paid'}, newest_first=True, limit=1)
+        assert [r.run_id for r in paid] == [ids[2]]
+        completed = await runs.get_run(run_id=ids[0])
+        assert completed is not None and completed.status == 'completed'
+        assert completed.ended_at == T0 + timedelta(hours=1)
+
+    @pytest.mark.anyio
+    async def test_list_runs_by_run_metadata_and_pydantic_ai_run_id(self, store: StepStore) -> None:
+        runs = managed(store)
+        tenant = new_run_id('tenant')
+        first = await new_run(runs, pydantic_ai_run_id=tenant + '-pai-1', run_metadata={'tenant': tenant, 'n': 1})
+        second = await new_run(runs, run_metadata={'tenant': tenant, 'n': 2, 'vip': True})
+        await new_run(runs, run_metadata={'tenant': 'other', 'n': 1})
+        assert [r.run_id for r in await runs.list_runs(run_metadata={'tenant': tenant})] == [first, second]
+        assert [r.run_id for r in await runs.list_runs(run_metadata={'tenant': tenant, 'n': 2})] == [second]
+        assert [r.run_id for r in await runs.list_runs(run_metadata={'tenant': tenant, 'vip': True})] == [second]
+        assert [r.run_id for r in await runs.list_runs(run_metadata={'tenant': tenant, 'n': 1.0})] == [first]
+        assert [r.run_id for r in await runs.list_runs(pydantic_ai_run_id=tenant + '-pai-1')] == [first]
+        with pytest.raises(ValueError, match='run_metadata'):
+            await runs.list_runs(run_metadata={'tenant': ['a', 'list']})  # pyright: ignore[reportArgumentType]
+        with pytest.raises(ValueError, match='status'):
+            await runs.list_runs(status='running')  # pyright: ignore[reportArgumentType]
+
+    @pytest.mark.anyio
+    async def test_the_whole_ledger_and_resolutions(self, make_store: StoreFactory) -> None:
+        store = managed(make_store())
+        run_id = await new_run(store)
+        for call in ('c1', 'c2', 'c3'):
+            await store.record_tool_effect(
+                ToolEffectRecord(tool_call_id=call, tool_name='post', run_id=run_id, status='started', started_at=T0)
+            )
+        await store.record_tool_effect(
+            ToolEffectRecord(tool_call_id='c2', tool_name='post', run_id=run_id, status='completed', started_at=T0)
+        )
+        assert [(r.tool_call_id, r.status) for r in await store.list_tool_effects(run_id=run_id)] == [
+            ('c1', 'started'),
+            ('c2', 'completed'),
+            ('c3', 'started'),
+        ]
+        resolved = await store.resolve_tool_effect(
+            run_id=run_id, tool_call_id='c1', outcome='done', by='ops@example.com', note='comment found'
+        )
+        assert (resolved.status, resolved.resolution, resolved.resolved_by) == ('started', 'done', 'ops@example.com')
+        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)] == ['c3']
+        with pytest.raises(ValueError, match='completed'):
+            await store.resolve_tool_effect(run_id=run_id, tool_call_id='c2', outcome='done')
+        with pytest.raises(LookupError, match='nope'):
+            await store.resolve_tool_effect(run_id=run_id, tool_call_id='nope', outcome='not_done')
+        with pytest.raises(ValueError, match='outcome'):
+            await store.resolve_tool_effect(run_id=run_id, tool_call_id='c3', outcome='maybe')  # pyright: ignore[reportArgumentType]
+        again = managed(make_store()) if getattr(self, 'persistent', False) else store
+        kept = await again.get_tool_effect(run_id=run_id, tool_call_id='c1')
+        assert kept is not None and (kept.resolution, kept.resolution_note) == ('done', 'comment found')
+        assert kept.resolved_at is not None
+
+    @pytest.mark.anyio
+    async def test_bad_records_are_refused_before_anything_is_written(self, store: StepStore) -> None:
+        for bad in (
+            RunRecord(run_id=new_run_id(), metadata={'attempt': 3}),  # pyright: ignore[reportArgumentType]
+            RunRecord(run_id=new_run_id(), conversation_id=5),  # pyright: ignore[reportArgumentType]
+            RunRecord(run_id=new_run_id(), parent_run_id=7),  # pyright: ignore[reportArgumentType]
+            RunRecord(run_id=new_run_id(), agent_name=5),  # pyright: ignore[reportArgumentType]
+            RunRecord(run_id=new_run_id(), run_metadata={'when': object()}),
+        ):
+            with pytest.raises(InvalidRecordError):
+                await store.register_run(bad)
+            assert await store.get_run(run_id=bad.run_id) is None
+        run_id = await new_run(store)
+        with pytest.raises(InvalidRecordError, match='metadata'):
+            await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0, metadata={'n': 1}))  # pyright: ignore[reportArgumentType]
+        with pytest.raises(InvalidRecordError, match='kind'):
+            await store.append_event(StepEvent(run_id=run_id, kind='run_exploded', step_index=0))  # pyright: ignore[reportArgumentType]
+        with pytest.raises(InvalidRecordError, match='state'):
+            await store.save_snapshot(snapshot(run_id, tool_cycle(), state='half'))  # pyright: ignore[reportArgumentType]
+        assert await store.list_events(run_id=run_id) == []
+        assert await store.latest_snapshot(run_id=run_id, include_interrupted=True) is None
+
+    @pytest.mark.anyio
+    async def test_one_run_id_rule_for_every_store(self, store: StepStore) -> None:
+        """Ids upstream users write (`job:123`) work; what some store could not hold is refused."""
+        for good in ('job:123', 'tenant/42 run', 'naïve-run', 'x' * 200, 'a..b', '.hidden'):
+            run_id = (good + '~' + new_run_id())[-200:] if len(good) == 200 else f'{good}~{new_run_id()}'
+            await store.register_run(RunRecord(run_id=run_id, started_at=T0))
+            await store.save_snapshot(snapshot(run_id, tool_cycle()))
+            assert (await store.get_run(run_id=run_id)) is not None
+            latest = await store.latest_snapshot(run_id=run_id)
+            assert latest is not None and latest.run_id == run_id
+        for bad in (
+            '',
+            '.',
+            '..',
+            '_index',
+            'media',
+            'MEDIA',
+            'x' * 201,
+            'nul\x00byte',
+            'bell\x07',
+            'esc\x1b[2J',
+            'c1\x85',
+        ):
+            with pytest.raises(InvalidRunIdError):
+                await store.register_run(RunRecord(run_id=bad))
