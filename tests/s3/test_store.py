@@ -590,3 +590,41 @@ async def test_no_secret_in_any_log_line_or_exception(all_logs: pytest.LogCaptur
         assert SECRET_KEY not in text, text
         assert SESSION_TOKEN not in text, text
     assert any('***' in text for text in texts)  # the echoed token was redacted, not dropped silently
+
+
+# ----------------------------------------------------------------------------- exception classes
+
+
+@pytest.mark.parametrize(
+    ('error_type', 'other_base'),
+    [
+        (S3Error, Exception),
+        (S3AuthError, PermissionError),
+        (S3NotFound, FileNotFoundError),
+        (S3ConnectionError, ConnectionError),
+        (S3RequestError, S3Error),
+        (S3ThrottledError, S3Error),
+        (S3ServerError, S3Error),
+        (S3IntegrityError, S3Error),
+    ],
+)
+def test_every_s3_error_is_a_runtime_error_and_keeps_its_other_base(
+    error_type: type[S3Error], other_base: type[Exception]
+) -> None:
+    """The upstream store raises RuntimeError for a failed S3 call; `except RuntimeError` must still catch ours."""
+    error = error_type('S3 GET s3://bkt/k failed', operation='GET', bucket='bkt', key='k', status=500)
+    assert isinstance(error, RuntimeError)
+    assert isinstance(error, other_base)
+    assert str(error) == 'S3 GET s3://bkt/k failed'
+    assert (error.operation, error.bucket, error.key, error.status) == ('GET', 'bkt', 'k', 500)
+    with pytest.raises(RuntimeError, match='failed'):
+        raise error
+    with pytest.raises(other_base):
+        raise error
+
+
+async def test_a_failed_call_is_caught_by_except_runtime_error(fake: FakeS3, delays: list[float]) -> None:
+    fake.fail_when(fail_first(100, error_response(500, 'InternalError')))
+    async with make_store(fake, max_retries=0) as store:
+        with pytest.raises(RuntimeError, match='failed on the server'):
+            await store.get(MISSING)

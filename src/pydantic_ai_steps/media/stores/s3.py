@@ -105,8 +105,13 @@ _sleep = anyio.sleep  # module-level indirection so tests can record backoff del
 # --------------------------------------------------------------------------- exceptions
 
 
-class S3Error(Exception):
-    """Base of every S3MediaStore failure; names the operation, bucket and key, never a credential."""
+class S3Error(RuntimeError):
+    """Base of every S3MediaStore failure; names the operation, bucket and key, never a credential.
+
+    A `RuntimeError`, as the upstream store's S3 failures are, so `except RuntimeError` keeps
+    working; the subclasses are also the matching built-in (`PermissionError`,
+    `FileNotFoundError`, `ConnectionError`) where there is one.
+    """
 
     def __init__(
         self,
