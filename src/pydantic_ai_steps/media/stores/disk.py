@@ -23,6 +23,8 @@ import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from types import TracebackType
+from typing import Self
 
 import anyio.to_thread
 
@@ -55,7 +57,8 @@ class DiskMediaStore:
     A strategy that depends on the context needs the same context on reads. Non-empty
     `context.metadata` is kept in a `<blob>.meta.json` sidecar; a later put with non-empty metadata
     replaces it, a later put without metadata leaves it. `media_type` and `filename` are not
-    persisted. The directory is created on the first put.
+    persisted. The directory is created on the first put. The store holds no open resources;
+    `aclose()` and `async with` exist so every media store can be closed the same way.
 
     Every put is atomic, so a process crash leaves a blob whole or absent. `durable=True` also
     flushes each new file and the directory entries it adds to disk before `put` returns, so a
@@ -85,6 +88,17 @@ class DiskMediaStore:
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}({str(self._root)!r})'
+
+    async def aclose(self) -> None:
+        """Nothing to release (every call opens and closes its own files); here so every store closes alike."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
         return await anyio.to_thread.run_sync(self._put_sync, data, context)

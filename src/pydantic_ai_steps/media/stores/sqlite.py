@@ -5,9 +5,10 @@ connection, lazily, inside a worker thread (`check_same_thread=False`, autocommi
 `timeout=30`), keeps it for its lifetime and serializes every call on it with a lock. Reopening
 per call would pay a connect and a `PRAGMA journal_mode` round trip each time for no gain:
 `sqlite3` runs one statement at a time per connection anyway, and blob calls are few and large.
-`close()` / `aclose()` release it (a later call reopens it). With `connection=` the caller's
-connection is used as it is and never closed; calls through this store are serialized with the
-store's own lock, so coordinate with other users of that connection yourself.
+`close()` / `aclose()` (or leaving `async with store:`) release it; closing twice is a no-op,
+and a later call reopens it. With `connection=` the caller's connection is used as it is and
+never closed; calls through this store are serialized with the store's own lock, so coordinate
+with other users of that connection yourself.
 
 Every blocking call runs through `anyio.to_thread.run_sync`, which is why a caller's connection
 must have been opened with `check_same_thread=False`; the constructor checks and says so.
@@ -51,7 +52,8 @@ import threading
 from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from types import TracebackType
+from typing import Self, TypeVar
 
 import anyio.to_thread
 
@@ -156,8 +158,16 @@ class SqliteMediaStore:
             self._checkpointer.wait()
 
     async def aclose(self) -> None:
-        """`close()` on a worker thread, so the event loop never waits on the lock."""
+        """`close()` on a worker thread, so the event loop never waits on the lock. Closing twice is a no-op."""
         await anyio.to_thread.run_sync(self.close)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
 
     # -- blocking bodies, run on a worker thread under the lock -------------------------------------
 
