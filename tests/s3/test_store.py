@@ -13,7 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pydantic_ai_steps.media import MediaContext, MediaStore, S3MediaStore, make_static_public_url, media_uri_for
+from pydantic_ai_steps.media import (
+    MediaContext,
+    MediaIntegrityError,
+    MediaStore,
+    S3MediaStore,
+    make_static_public_url,
+    media_uri_for,
+)
 from pydantic_ai_steps.media.stores import s3 as s3_module
 from pydantic_ai_steps.media.stores.s3 import (
     S3AuthError,
@@ -153,9 +160,15 @@ async def test_public_url_uses_the_resolver_or_none(fake: FakeS3) -> None:
 async def test_corrupted_object_raises_integrity_error(fake: FakeS3) -> None:
     async with make_store(fake) as store:
         uri = await store.put(b'good')
-        fake.objects[f'{uri[-64:]}.bin'] = (b'evil', {})
-        with pytest.raises(S3IntegrityError, match='do not hash to'):
+        fake.objects[f'{uri[-64:]}.bin'] = (b'evil!', {})
+        with pytest.raises(S3IntegrityError) as info:
             await store.get(uri)
+    assert isinstance(info.value, MediaIntegrityError) and isinstance(info.value, FileNotFoundError)
+    assert (info.value.uri, info.value.size, info.value.bucket) == (uri, 5, 'bkt')
+    assert str(info.value) == (
+        f'media {uri} is damaged: the 5 bytes that S3 GET s3://bkt/{uri[-64:]}.bin returned do not match '
+        'its sha256 digest; it reads as missing'
+    )
 
 
 async def test_context_dependent_key_strategy(fake: FakeS3) -> None:
@@ -605,7 +618,7 @@ async def test_no_secret_in_any_log_line_or_exception(all_logs: pytest.LogCaptur
         (S3RequestError, S3Error),
         (S3ThrottledError, S3Error),
         (S3ServerError, S3Error),
-        (S3IntegrityError, S3Error),
+        (S3IntegrityError, FileNotFoundError),
     ],
 )
 def test_every_s3_error_is_a_runtime_error_and_keeps_its_other_base(

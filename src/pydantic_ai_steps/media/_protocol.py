@@ -24,6 +24,14 @@ class MediaStore(Protocol):
     `put` returns the canonical `media+sha256://` URI of the bytes; callers never choose keys, and
     storing the same bytes twice stores them once. `get` and `get_metadata` raise
     `FileNotFoundError` for a URI that was never stored and `ValueError` for a malformed one.
+
+    `get` checks the bytes it read against the URI's digest; bytes that do not match (a flipped
+    bit, a truncated file or row) raise `MediaIntegrityError`, a `FileNotFoundError`, so a damaged
+    blob reads as a missing one. `exists` is only a presence check: it does not read or hash the
+    bytes, so it can be `True` for a blob whose `get` then raises `MediaIntegrityError`.
+
+    The shipped stores are also async context managers with an idempotent `aclose()`; that is not
+    part of this protocol, so a store without them still satisfies it.
     """
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str: ...

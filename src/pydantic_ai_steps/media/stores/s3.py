@@ -33,6 +33,7 @@ import httpx
 
 from .. import _sigv4
 from .._context import EMPTY_CONTEXT, MediaContext
+from .._errors import MediaIntegrityError, integrity_message
 from .._protocol import KeyStrategy, PublicUrlResolver, default_key_strategy, resolve_public_url
 from .._uri import parse_media_uri, uri_for_digest
 
@@ -157,8 +158,8 @@ class S3ConnectionError(S3Error, ConnectionError):
     """The server could not be reached or did not answer in time, on every attempt."""
 
 
-class S3IntegrityError(S3Error):
-    """The bytes read back do not hash to the digest they are stored under."""
+class S3IntegrityError(S3Error, MediaIntegrityError):
+    """The bytes read back do not hash to the digest they are stored under (read as missing, like every store)."""
 
 
 # --------------------------------------------------------------------------- the store
@@ -314,13 +315,15 @@ class S3MediaStore:
         response = await self._send(op='GET', method='GET', key=key, uri=uri)
         data = response.content
         if await _sha256_hex(data) != digest:
-            raise S3IntegrityError(
-                f'S3 GET s3://{self.bucket}/{key} returned {len(data)} bytes that do not hash to {uri}',
+            error = S3IntegrityError(
+                integrity_message(uri, len(data), f'that S3 GET s3://{self.bucket}/{key} returned'),
                 operation='GET',
                 bucket=self.bucket,
                 key=key,
                 status=response.status_code,
             )
+            error.uri, error.size = uri, len(data)
+            raise error
         return data
 
     async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
