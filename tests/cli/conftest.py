@@ -69,7 +69,14 @@ def run_cli(
     )
 
 
-def run_cli_inprocess(*args: str, cwd: Path | None = None, **env: str | None) -> CliResult:
+class TerminalStringIO(io.StringIO):
+    """A `StringIO` that says it is a terminal, so the CLI writes to it as to one (colour, width)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def run_cli_inprocess(*args: str, cwd: Path | None = None, tty: bool = False, **env: str | None) -> CliResult:
     """`main(ARGS)` in this process, as `run_cli` runs the console script in a pipe.
 
     stdout and stderr are `StringIO`s (not terminals: no colour, no width, no progress), NO_COLOR
@@ -77,14 +84,15 @@ def run_cli_inprocess(*args: str, cwd: Path | None = None, **env: str | None) ->
     undone on return. argparse's `SystemExit` becomes the exit code. What a process with nothing
     configured would also print on stderr is captured there too: log records of WARNING and above
     (logging's last-resort handler) and warnings Python shows by default (deprecation and resource
-    warnings, hidden from a user, are passed on to pytest).
+    warnings, hidden from a user, are passed on to pytest). `tty=True` makes stdout say it is a
+    terminal, so colour is on (unless `NO_COLOR` is given) and tables fit `COLUMNS`.
     """
-    if ALL_IN_SUBPROCESSES:
+    if ALL_IN_SUBPROCESSES and not tty:
         completed = subprocess.run(
             [*CLI, *args], capture_output=True, text=True, cwd=cwd, env=cli_env(**env), timeout=TIMEOUT, check=False
         )
         return CliResult(completed.returncode, completed.stdout, completed.stderr)
-    stdout, stderr = io.StringIO(), io.StringIO()
+    stdout, stderr = TerminalStringIO() if tty else io.StringIO(), io.StringIO()
     handler = logging.StreamHandler(stderr)
     handler.setLevel(logging.WARNING)
     root = logging.getLogger()

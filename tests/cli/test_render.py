@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from pydantic_ai.messages import (
@@ -17,7 +18,18 @@ from pydantic_ai.messages import (
 )
 
 from pydantic_ai_steps.cli._messages import MediaPolicy, binary_label, media_policy, render_messages
-from pydantic_ai_steps.cli._render import ProgressLine, Style, TreeNode, colour_enabled, size, table, tree
+from pydantic_ai_steps.cli._render import (
+    ProgressLine,
+    Style,
+    TreeNode,
+    colour_enabled,
+    json_printable,
+    printable,
+    size,
+    table,
+    terminal_safe,
+    tree,
+)
 from pydantic_ai_steps.media import media_uri_for
 from pydantic_ai_steps.step_persistence import InMemoryStepStore
 
@@ -155,3 +167,52 @@ def test_long_text_is_clipped_unless_full_and_large_text_names_its_uri() -> None
     assert '(100,000 chars; --full shows all)' in clipped
     assert len(clipped) < 1000
     assert long.strip() in render_messages(messages, PLAIN, policy, full=True)
+
+
+# -- stored text is shown, never obeyed -------------------------------------------------------------
+
+
+def test_printable_shows_controls_as_escapes_and_keeps_the_rest() -> None:
+    assert printable('ok \x1b]0;title\x07 \x9b2J \u202egnp.exe \x7f é ✓') == (
+        r'ok \x1b]0;title\x07 \x9b2J \u202egnp.exe \x7f é ✓'
+    )
+    assert printable('a\tb\nc\rd') == r'a\tb\nc\rd'  # one line: a value never breaks the layout
+    assert printable('a\tb\nc\rd', multiline=True) == 'a\tb\nc\\rd'  # blocks keep newlines and tabs
+    assert printable('\ud800') == r'\ud800'  # a lone surrogate would make writing to stdout fail
+    assert printable('C:\\x1b') == 'C:\\x1b'  # backslashes are left alone (--json gives exact values)
+
+
+def test_terminal_safe_keeps_only_the_colours_style_writes() -> None:
+    ours = COLOUR('failed', 'red') + ' ' + COLOUR('x', 'yellow', 'bold')
+    assert terminal_safe(ours) == ours
+    assert terminal_safe('\x1b[8mhidden\x1b[2J\x1b]0;t\x07') == r'\x1b[8mhidden\x1b[2J\x1b]0;t\x07'
+
+
+def test_json_printable_escapes_what_json_dumps_leaves_raw() -> None:
+    value = {'k\u202e': 'DEL\x7f C1\x9b bidi\u2066 esc\x1b'}
+    text = json_printable(json.dumps(value, ensure_ascii=False))
+    assert text == '{"k\\u202e": "DEL\\u007f C1\\u009b bidi\\u2066 esc\\u001b"}'
+    assert json.loads(text) == value
+
+
+def test_table_escapes_cells_before_measuring_them() -> None:
+    text = table(['ID', 'AGENT'], [['\x1b[2Jrun', 'a'], ['r2', ('\x9bfailed', 'red')]], COLOUR)
+    lines = text.splitlines()
+    assert lines[1] == r'\x1b[2Jrun  a'
+    assert lines[2] == 'r2' + ' ' * 10 + '\x1b[31m' + r'\x9bfailed' + '\x1b[0m'
+    assert lines[2].index('\x1b[31m') == lines[1].index('a')  # columns aligned on the escaped text
+
+
+def test_messages_escape_every_stored_text_and_keep_their_colours() -> None:
+    evil = '\x1b]0;t\x07'
+    messages = [
+        ModelRequest(parts=[UserPromptPart([f'hi {evil}\nline 2', BinaryContent(b'1', media_type=f'x/{evil}')])]),
+        ModelResponse(parts=[ToolCallPart(evil, {evil: evil}, tool_call_id=evil)], model_name=evil),
+        ModelRequest(parts=[ToolReturnPart(evil, evil, tool_call_id=evil)]),
+    ]
+    text = render_messages(messages, COLOUR, MediaPolicy(threshold_bytes=None), full=False)
+    assert '\x07' not in text and '\x1b]' not in text
+    shown = r'\x1b]0;t\x07'
+    assert f'hi {shown}\n' in text and f'<x/{shown}, 1 bytes, inline>' in text
+    assert f'{shown}({shown}="\\u001b]0;t\\u0007")' in text  # a tool call: its name, then arguments as JSON
+    assert f'id={shown}' in text and '\x1b[35m' in text and '\x1b[2m' in text  # still coloured

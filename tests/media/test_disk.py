@@ -255,3 +255,54 @@ async def test_durable_store_flushes_files_and_new_directory_entries(
     assert len(files) == 2  # the blob and its sidecar
     # the two new directories' entries, then the blob's and the sidecar's renames
     assert directories == [tmp_path, tmp_path / 'durable', root, root]
+
+
+# -- key lengths the file system cannot take are refused up front ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ('key', 'message'),
+    [
+        ('k' * 5000, 'file name of 5000 bytes in UTF-8; a file name may have at most 245 bytes'),
+        ('é' * 123, 'file name of 246 bytes in UTF-8; a file name may have at most 245 bytes'),
+        ('d' * 256 + '/blob.bin', 'directory name of 256 bytes in UTF-8; a directory name may have at most 255'),
+        (
+            '/'.join(['d' * 250] * 20) + '/blob.bin',
+            r'path of \d{4,} bytes in UTF-8; a path may have at most 4054 bytes',
+        ),
+    ],
+    ids=['5000-chars', 'non-ascii-name', 'long-directory', 'long-path'],
+)
+async def test_keys_too_long_for_the_file_system_are_rejected_before_anything_is_written(
+    tmp_path: Path, key: str, message: str
+) -> None:
+    root = tmp_path / 'store'
+    store = DiskMediaStore(root, key_strategy=lambda uri, ctx: key)
+    for payload in (b'payload', _big()):  # the small and the large put path
+        with pytest.raises(ValueError, match=message) as caught:
+            await store.put(payload, context=MediaContext(metadata={'k': 'v'}))
+        assert not isinstance(caught.value, OSError)
+        assert key[:20] in str(caught.value) and media_uri_for(payload) in str(caught.value)
+        assert len(str(caught.value)) < 600  # the key is shortened in the message, not printed whole
+        for call in (store.get, store.exists, store.get_metadata):
+            with pytest.raises(ValueError, match=message):
+                await call(media_uri_for(payload))
+        if payload == b'payload':
+            assert not root.exists()  # a small put checks the key before it touches the disk
+    # A large put is written while it is hashed, so its key is known only afterwards: the
+    # temporary file it wrote in the root is gone, and nothing else was created.
+    assert all_files(root) == []
+
+
+async def test_the_longest_allowed_file_name_stores_blob_sidecar_and_temp_files(tmp_path: Path) -> None:
+    def longest(uri: str, ctx: MediaContext) -> str:
+        return uri[-64:] + 'n' * 177 + '.bin'  # 245 bytes: with '.meta.json' the sidecar's name is 255
+
+    store = DiskMediaStore(tmp_path, key_strategy=longest)
+    names: list[str] = []
+    for payload in (b'payload', _big()):
+        uri = await store.put(payload, context=MediaContext(metadata={'k': 'v'}))
+        assert await store.get(uri) == payload
+        assert await store.get_metadata(uri) == {'k': 'v'}
+        names += [longest(uri, MediaContext()), longest(uri, MediaContext()) + '.meta.json']
+    assert all_files(tmp_path) == sorted(names)

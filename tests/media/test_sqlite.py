@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from pydantic_ai_steps.media import MediaContext, SqliteMediaStore, media_uri_for
+from pydantic_ai_steps.media import MediaContext, MediaIntegrityError, SqliteMediaStore, media_uri_for
 
 pytestmark = pytest.mark.anyio
 
@@ -301,10 +301,9 @@ async def test_damaged_chunks_are_a_clear_error(tmp_path: Path) -> None:
     with sqlite3.connect(path) as other:
         other.execute('DELETE FROM media_chunks WHERE idx = 1')
     other.close()
-    with pytest.raises(
-        ValueError, match=re.escape(f'media row for {uri} is damaged: its chunks hold 150 of 250 bytes')
-    ):
+    with pytest.raises(MediaIntegrityError, match=re.escape(f'media {uri} is damaged: the 150 bytes')) as caught:
         await store.get(uri)
+    assert 'its chunks hold 150 of 250 bytes' in str(caught.value)
     store.close()
 
 

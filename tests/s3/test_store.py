@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import logging
-from collections.abc import Iterator
+import pickle
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import anyio
@@ -13,7 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pydantic_ai_steps.media import MediaContext, MediaStore, S3MediaStore, make_static_public_url, media_uri_for
+from pydantic_ai_steps.media import (
+    MediaContext,
+    MediaIntegrityError,
+    MediaStore,
+    S3MediaStore,
+    make_static_public_url,
+    media_uri_for,
+)
 from pydantic_ai_steps.media.stores import s3 as s3_module
 from pydantic_ai_steps.media.stores.s3 import (
     S3AuthError,
@@ -153,9 +163,15 @@ async def test_public_url_uses_the_resolver_or_none(fake: FakeS3) -> None:
 async def test_corrupted_object_raises_integrity_error(fake: FakeS3) -> None:
     async with make_store(fake) as store:
         uri = await store.put(b'good')
-        fake.objects[f'{uri[-64:]}.bin'] = (b'evil', {})
-        with pytest.raises(S3IntegrityError, match='do not hash to'):
+        fake.objects[f'{uri[-64:]}.bin'] = (b'evil!', {})
+        with pytest.raises(S3IntegrityError) as info:
             await store.get(uri)
+    assert isinstance(info.value, MediaIntegrityError) and isinstance(info.value, FileNotFoundError)
+    assert (info.value.uri, info.value.size, info.value.bucket) == (uri, 5, 'bkt')
+    assert str(info.value) == (
+        f'media {uri} is damaged: the 5 bytes that S3 GET s3://bkt/{uri[-64:]}.bin returned do not match '
+        'its sha256 digest; it reads as missing'
+    )
 
 
 async def test_context_dependent_key_strategy(fake: FakeS3) -> None:
@@ -590,3 +606,176 @@ async def test_no_secret_in_any_log_line_or_exception(all_logs: pytest.LogCaptur
         assert SECRET_KEY not in text, text
         assert SESSION_TOKEN not in text, text
     assert any('***' in text for text in texts)  # the echoed token was redacted, not dropped silently
+
+
+# ----------------------------------------------------------------------------- exception classes
+
+
+@pytest.mark.parametrize(
+    ('error_type', 'other_base'),
+    [
+        (S3Error, Exception),
+        (S3AuthError, PermissionError),
+        (S3NotFound, FileNotFoundError),
+        (S3ConnectionError, ConnectionError),
+        (S3RequestError, S3Error),
+        (S3ThrottledError, S3Error),
+        (S3ServerError, S3Error),
+        (S3IntegrityError, FileNotFoundError),
+    ],
+)
+def test_every_s3_error_is_a_runtime_error_and_keeps_its_other_base(
+    error_type: type[S3Error], other_base: type[Exception]
+) -> None:
+    """The upstream store raises RuntimeError for a failed S3 call; `except RuntimeError` must still catch ours."""
+    error = error_type('S3 GET s3://bkt/k failed', operation='GET', bucket='bkt', key='k', status=500)
+    assert isinstance(error, RuntimeError)
+    assert isinstance(error, other_base)
+    assert str(error) == 'S3 GET s3://bkt/k failed'
+    assert (error.operation, error.bucket, error.key, error.status) == ('GET', 'bkt', 'k', 500)
+    with pytest.raises(RuntimeError, match='failed'):
+        raise error
+    with pytest.raises(other_base):
+        raise error
+
+
+async def test_a_failed_call_is_caught_by_except_runtime_error(fake: FakeS3, delays: list[float]) -> None:
+    fake.fail_when(fail_first(100, error_response(500, 'InternalError')))
+    async with make_store(fake, max_retries=0) as store:
+        with pytest.raises(RuntimeError, match='failed on the server'):
+            await store.get(MISSING)
+
+
+# ----------------------------------------------------------------------------- secrets beyond messages
+
+
+def _reachable_texts(value: object, depth: int) -> Iterator[str]:
+    """`repr` of `value` and, `depth` levels down, of its attributes and items; an httpx request's raw headers."""
+    yield repr(value)
+    if isinstance(value, httpx.Response):
+        value = value.request
+    if isinstance(value, httpx.Request):
+        yield repr(value.headers.raw)
+    if depth <= 0:
+        return
+    children: list[object] = []
+    if isinstance(value, dict):
+        children += [*value.keys(), *value.values()]  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+    elif isinstance(value, list | tuple | set | frozenset):
+        children += list(value)  # pyright: ignore[reportUnknownArgumentType]
+    if hasattr(value, '__dict__') and not isinstance(value, type):
+        children += list(vars(value).values())
+    for child in children:
+        yield from _reachable_texts(child, depth - 1)
+
+
+def texts_reachable_from(error: BaseException) -> list[str]:
+    """What an error reporter can record: every exception of the chain (message, repr, notes, attributes,
+    an httpx error's request) and every local of every frame of every traceback in it."""
+    texts: list[str] = []
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        texts += [str(current), repr(current), *getattr(current, '__notes__', [])]
+        texts += _reachable_texts(current, depth=3)
+        if isinstance(current, httpx.RequestError):
+            with contextlib.suppress(RuntimeError):  # `.request` raises when the error has none
+                texts += _reachable_texts(current.request, depth=1)
+        tb = current.__traceback__
+        while tb is not None:
+            for local in tb.tb_frame.f_locals.values():
+                texts += _reachable_texts(local, depth=1)
+            tb = tb.tb_next
+        pending += [link for link in (current.__cause__, current.__context__) if link is not None]
+    return texts
+
+
+async def _failure_of(call: Awaitable[object]) -> BaseException:
+    try:
+        await call
+    except Exception as error:
+        return error
+    raise AssertionError('the call was expected to fail')
+
+
+FAILURES: dict[str, Any] = {
+    'connection-error': fail_first(100, httpx.ConnectError),
+    'connect-timeout': fail_first(100, httpx.ConnectTimeout),
+    'read-timeout': fail_first(100, httpx.ReadTimeout),
+    'pool-timeout': fail_first(100, httpx.PoolTimeout),
+    'remote-protocol-error': fail_first(100, httpx.RemoteProtocolError),
+    '403': fail_first(100, error_response(403, 'AccessDenied', 'Access Denied')),
+    '500': fail_first(100, error_response(500, 'InternalError', 'We encountered an internal error')),
+}
+
+
+@pytest.mark.parametrize('operation', ['get', 'put', 'exists', 'multipart'])
+@pytest.mark.parametrize('failure', FAILURES)
+async def test_no_credential_is_reachable_from_a_failure(delays: list[float], failure: str, operation: str) -> None:
+    """Not in the exception chain, its attributes, an httpx error's request, nor any frame's locals."""
+    fake = FakeS3(session_token=SESSION_TOKEN)
+    async with multipart_store(fake, session_token=SESSION_TOKEN, max_retries=1) as store:
+        uri = await store.put(b'stored')
+        fake.fail_when(FAILURES[failure])
+        call = {
+            'get': lambda: store.get(uri),
+            'put': lambda: store.put(b'new bytes'),
+            'exists': lambda: store.exists(uri),
+            'multipart': lambda: store.put(big_payload()),
+        }[operation]
+        error = await _failure_of(call())
+    assert isinstance(error, S3Error), repr(error)
+    sent = [call.headers['authorization'] for call in fake.calls]
+    signatures = [header.rsplit('Signature=', 1)[1] for header in sent]
+    assert len(signatures) >= 2 and fake.calls[0].headers['x-amz-security-token'] == SESSION_TOKEN
+    texts = texts_reachable_from(error)
+    assert any('s3://bkt/' in text for text in texts)  # the walk does see the error
+    for text in texts:
+        assert SECRET_KEY not in text, text
+        assert SESSION_TOKEN not in text, text
+        for signature in signatures:
+            assert signature not in text, text
+    assert SESSION_TOKEN.encode() not in pickle.dumps(error) and SECRET_KEY.encode() not in pickle.dumps(error)
+
+
+async def test_no_credential_is_reachable_from_an_integrity_error(fake: FakeS3) -> None:
+    fake.session_token = SESSION_TOKEN
+    async with make_store(fake, session_token=SESSION_TOKEN) as store:
+        uri = await store.put(b'good')
+        fake.objects[f'{uri[-64:]}.bin'] = (b'evil', {})
+        error = await _failure_of(store.get(uri))
+    assert isinstance(error, S3IntegrityError)
+    signatures = [call.headers['authorization'].rsplit('Signature=', 1)[1] for call in fake.calls]
+    for text in texts_reachable_from(error):
+        assert SECRET_KEY not in text and SESSION_TOKEN not in text, text
+        assert not any(signature in text for signature in signatures), text
+
+
+async def test_the_cause_of_a_connection_error_keeps_its_type_and_url_but_no_credential(
+    fake: FakeS3, delays: list[float]
+) -> None:
+    fake.fail_when(fail_first(100, httpx.ReadTimeout))
+    async with make_store(fake, session_token=SESSION_TOKEN, max_retries=0) as store:
+        error = await _failure_of(store.get(MISSING))
+    cause = error.__cause__
+    assert isinstance(cause, httpx.ReadTimeout) and cause.__traceback__ is None
+    assert str(cause.request.url) == f'https://s3.example.com:9000/bkt/{MISSING[-64:]}.bin'
+    assert cause.request.headers['authorization'] == '<redacted>'
+    assert cause.request.headers['x-amz-security-token'] == '<redacted>'
+    assert cause.request.headers['x-amz-date']  # what is not a credential stays, for debugging
+
+
+@pytest.mark.parametrize('used', [False, True], ids=['fresh', 'after-a-request'])
+async def test_a_store_cannot_be_pickled_or_copied(fake: FakeS3, used: bool) -> None:
+    fake.session_token = SESSION_TOKEN
+    store = make_store(fake, session_token=SESSION_TOKEN)
+    if used:
+        await store.put(b'x')
+    for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match=r'S3MediaStore cannot be pickled or copied: it holds credentials'):
+            attempt(store)
+    await store.aclose()

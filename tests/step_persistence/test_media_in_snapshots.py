@@ -237,3 +237,25 @@ def test_the_default_media_store_is_as_durable_as_its_step_store(tmp_path: Path,
     assert isinstance(on_files, DiskMediaStore) and on_files.durable is durable
     assert isinstance(in_sqlite.media_store, SqliteMediaStore) and in_sqlite.media_store.durable is durable
     in_sqlite.close()
+
+
+@pytest.mark.parametrize('kind', STORES)
+async def test_a_tampered_media_blob_is_never_restored_into_a_snapshot(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = STORES[kind](tmp_path)
+    run_id = await run_agent(store, ['Describe this', BinaryContent(IMAGE, media_type='image/png')])
+    close = getattr(store, 'close', None)
+    if callable(close):
+        close()
+    tampered = IMAGE[:100] + b'X' + IMAGE[101:]
+    digest = media_uri_for(IMAGE)[-64:]
+    if kind == 'file':
+        (tmp_path / 'runs' / 'media' / f'{digest}.bin').write_bytes(tampered)
+    else:
+        with closing(sqlite3.connect(tmp_path / 'runs.db')) as db, db:
+            db.execute('UPDATE media SET bytes = ? WHERE sha256 = ?', (tampered, digest))
+    reopened = STORES[kind](tmp_path)
+    # Every snapshot of the run carries the image: each reads as damaged (skipped with a warning).
+    assert await reopened.latest_snapshot(run_id=run_id) is None
+    assert 'skipping unreadable' in caplog.text and 'is damaged' in caplog.text

@@ -16,6 +16,7 @@ import anyio
 from . import _commands
 from ._errors import CliError
 from ._inspect import STATUS_HELP
+from ._render import printable
 from ._stores import schemes_help
 
 PROG = 'pydantic-ai-steps'
@@ -180,5 +181,6 @@ async def _run_command(handler: _commands.Command, args: argparse.Namespace, out
 
 
 def _error(message: str) -> None:
-    first_line = ' '.join(message.split('\n')[0].split()) if message else 'unknown error'
+    """One line on stderr; what the message quotes (a store's text, a run id) is escaped, never obeyed."""
+    first_line = ' '.join(printable(message.split('\n')[0]).split()) if message else 'unknown error'
     sys.stderr.write(f'{PROG}: error: {first_line}\n')

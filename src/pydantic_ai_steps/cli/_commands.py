@@ -23,7 +23,21 @@ from ..store.registry import StoreLocation
 from . import _inspect
 from ._errors import CliError
 from ._messages import media_policy, render_messages
-from ._render import STATUS_COLOURS, Cell, ProgressLine, Style, TreeNode, size, table, terminal_width, tree, when
+from ._render import (
+    STATUS_COLOURS,
+    Cell,
+    ProgressLine,
+    Style,
+    TreeNode,
+    json_printable,
+    printable,
+    size,
+    table,
+    terminal_safe,
+    terminal_width,
+    tree,
+    when,
+)
 from ._stores import media_blob_count, open_existing
 
 
@@ -42,11 +56,11 @@ class Output:
         return cls(stream, Style.for_stream(stream), terminal_width(stream))
 
     def line(self, text: str = '') -> None:
-        self.stream.write(text + '\n')
+        """Write `text` and a newline; a control character that reached it unescaped is escaped here."""
+        self.stream.write(terminal_safe(text) + '\n')
 
     def json(self, value: Any) -> None:
-        json.dump(value, self.stream, indent=2, ensure_ascii=False)
-        self.stream.write('\n')
+        self.stream.write(json_printable(json.dumps(value, indent=2, ensure_ascii=False)) + '\n')
 
     async def open_store(self, args: argparse.Namespace) -> tuple[StoreLocation, ManagedStepStore]:
         value: str | None = args.store
@@ -148,13 +162,13 @@ def _tree_dict(summary: _inspect.RunSummary) -> dict[str, Any]:
 def tree_node(summary: _inspect.RunSummary, style: Style) -> TreeNode:
     record = summary.record
     parts = [
-        style(record.run_id, 'bold'),
-        style(f'[{record.agent_name}]', 'cyan') if record.agent_name else '',
+        style(printable(record.run_id), 'bold'),
+        style(f'[{printable(record.agent_name)}]', 'cyan') if record.agent_name else '',
         style(summary.status, STATUS_COLOURS[summary.status]),
         f'{summary.steps} step' + ('' if summary.steps == 1 else 's'),
     ]
     if record.conversation_id:
-        parts.append(style(f'conversation {record.conversation_id}', 'dim'))
+        parts.append(style(f'conversation {printable(record.conversation_id)}', 'dim'))
     if summary.unresolved_effects:
         count = summary.unresolved_effects
         parts.append(style(f'{count} unresolved tool effect' + ('' if count == 1 else 's'), 'yellow', 'bold'))
@@ -171,7 +185,7 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> None:
         out.json([event_dict(event) for event in events])
         return
     if not events:
-        out.line(f'run {args.run} has no events')
+        out.line(f'run {printable(args.run)} has no events')
         return
     rows: list[list[Cell]] = []
     for index, event in enumerate(events, start=1):
@@ -192,7 +206,7 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> None:
     last = events[-1].kind
     if last not in ('run_completed', 'run_failed'):
         out.line(
-            out.style(f'the log ends with {last}: no closing event, so the run is unfinished', 'yellow')
+            out.style(f'the log ends with {printable(last)}: no closing event, so the run is unfinished', 'yellow')
             + ' (still running, or its process died)'
         )
 
@@ -206,7 +220,9 @@ async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
         out.json([{**effect_dict(effect), 'unresolved': effect.status == 'started'} for effect in effects])
         return
     if not effects:
-        out.line(f'run {args.run} has no ' + ('unresolved tool effects' if args.unresolved else 'tool effects'))
+        out.line(
+            f'run {printable(args.run)} has no ' + ('unresolved tool effects' if args.unresolved else 'tool effects')
+        )
         return
     rows: list[list[Cell]] = [
         [
@@ -245,7 +261,7 @@ async def cmd_snapshot(args: argparse.Namespace, out: Output) -> None:
     style = out.style
     count = len(snapshot.messages)
     out.line(
-        style(f'run {args.run}', 'bold')
+        style(f'run {printable(args.run)}', 'bold')
         + f'  snapshot at step {snapshot.step_index}  '
         + style(snapshot.state, STATUS_COLOURS[snapshot.state])
         + f'  {when(snapshot.timestamp)} UTC  {count} message'
@@ -324,7 +340,7 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
 
 
 def _jsonl(stream: TextIO, value: dict[str, Any]) -> None:
-    stream.write(json.dumps(value, ensure_ascii=False, separators=(',', ':')) + '\n')
+    stream.write(json_printable(json.dumps(value, ensure_ascii=False, separators=(',', ':'))) + '\n')
 
 
 async def cmd_continue(args: argparse.Namespace, out: Output) -> None:
@@ -336,4 +352,4 @@ async def cmd_continue(args: argparse.Namespace, out: Output) -> None:
     except LookupError as error:
         hint = '' if args.include_interrupted else ' (--include-interrupted also considers interrupted ones)'
         raise CliError(f'{error}{hint}') from None
-    out.stream.write(ModelMessagesTypeAdapter.dump_json(history, indent=2).decode() + '\n')
+    out.stream.write(json_printable(ModelMessagesTypeAdapter.dump_json(history, indent=2).decode()) + '\n')

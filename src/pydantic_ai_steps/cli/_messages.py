@@ -3,7 +3,8 @@
 Parts are matched by base class and `part_kind`, with a generic fallback, so a part kind added by
 a newer pydantic-ai still shows up (by its kind and content) instead of breaking the command.
 Binary payloads are never dumped: they show as `<media type, size, URI>`, the URI being the
-content address a store externalizes them under.
+content address a store externalizes them under. Every text taken from a message goes through
+`_render.printable` before it is styled: a history is whatever a model or a tool wrote.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pydantic_ai.messages import (
 
 from ..media import media_uri_for
 from ..store.protocol import ManagedStepStore
-from ._render import Style, when
+from ._render import Style, printable, when
 
 PREVIEW_CHARS = 240
 """How much of a long text a part shows unless `--full` is given."""
@@ -80,7 +81,7 @@ def _message(
         details = [when(message.timestamp)] if message.timestamp is not None else []
     else:
         heading = f'#{number} response'
-        details = [item for item in (message.model_name, when(message.timestamp)) if item]
+        details = [printable(item) for item in (message.model_name, when(message.timestamp)) if item]
     lines.append(style(heading, 'bold') + (style('  ' + '  '.join(details), 'dim') if details else ''))
     if isinstance(message, ModelRequest) and message.instructions and message.instructions != previous_instructions:
         lines.append(_labelled('instructions', _text(message.instructions, policy, full=full), style, 'dim'))
@@ -91,7 +92,7 @@ def _message(
 
 def _part(part: object, style: Style, policy: MediaPolicy, *, full: bool) -> str:
     kind = str(getattr(part, 'part_kind', type(part).__name__))
-    label = kind.replace('-', ' ')
+    label = printable(kind.replace('-', ' '))
     if isinstance(part, SystemPromptPart):
         return _labelled('system', _text(part.content, policy, full=full), style, 'dim')
     if isinstance(part, UserPromptPart):
@@ -102,16 +103,16 @@ def _part(part: object, style: Style, policy: MediaPolicy, *, full: bool) -> str
         return _labelled('thinking', _text(part.content, policy, full=full), style, 'dim')
     if isinstance(part, BaseToolCallPart):
         call = _clip(f'{part.tool_name}({_arguments(part.args_as_dict())})', full=full)
-        return _labelled(label, call + '  ' + style(f'id={part.tool_call_id}', 'dim'), style, 'magenta')
+        return _labelled(label, call + '  ' + style(f'id={printable(part.tool_call_id)}', 'dim'), style, 'magenta')
     if isinstance(part, BaseToolReturnPart):
-        head = f'{part.tool_name}  ' + style(f'id={part.tool_call_id}', 'dim')
+        head = f'{printable(part.tool_name)}  ' + style(f'id={printable(part.tool_call_id)}', 'dim')
         return _labelled(label, _content(part.content, policy, full=full), style, 'magenta', head=head)
     # Retry prompts and part kinds this module does not know: show what they carry.
     colour = 'yellow' if 'retry' in kind else 'dim'
     tool_name = getattr(part, 'tool_name', None)
     head = None
     if isinstance(tool_name, str):
-        head = f'{tool_name}  ' + style(f'id={getattr(part, "tool_call_id", "?")}', 'dim')
+        head = f'{printable(tool_name)}  ' + style(f'id={printable(str(getattr(part, "tool_call_id", "?")))}', 'dim')
     content = getattr(part, 'content', None)
     if content is not None:
         return _labelled(label, _content(content, policy, full=full), style, colour, head=head)
@@ -143,7 +144,7 @@ def _content(content: object, policy: MediaPolicy, *, full: bool) -> str:
     if isinstance(content, BinaryContent):
         return binary_label(content, policy)
     if isinstance(content, FileUrl):
-        return f'<{getattr(content, "kind", "url")}, {content.url}>'
+        return printable(f'<{getattr(content, "kind", "url")}, {content.url}>')
     if isinstance(content, list):
         items = cast(list[object], content)
         return '\n'.join(_content(item, policy, full=full) for item in items)
@@ -161,7 +162,7 @@ def binary_label(content: BinaryContent, policy: MediaPolicy) -> str:
         if policy.threshold_bytes is not None and size >= policy.threshold_bytes
         else 'inline'
     )
-    return f'<{content.media_type}, {size:,} bytes, {where}>'
+    return printable(f'<{content.media_type}, {size:,} bytes, {where}>')
 
 
 def _text(text: str, policy: MediaPolicy, *, full: bool) -> str:
@@ -173,9 +174,10 @@ def _text(text: str, policy: MediaPolicy, *, full: bool) -> str:
 
 
 def _clip(text: str, *, full: bool) -> str:
+    """`text` shortened unless `full`, and made printable (newlines and tabs kept): every text ends here."""
     if full or len(text) <= PREVIEW_CHARS:
-        return text
-    return text[:PREVIEW_CHARS].rstrip() + f'… ({len(text):,} chars; --full shows all)'
+        return printable(text, multiline=True)
+    return printable(text[:PREVIEW_CHARS].rstrip(), multiline=True) + f'… ({len(text):,} chars; --full shows all)'
 
 
 def _arguments(args: dict[str, Any]) -> str:

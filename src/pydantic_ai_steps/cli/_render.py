@@ -1,13 +1,28 @@
-"""Plain-text tables, trees and progress for the terminal, without third-party dependencies.
+r"""Plain-text tables, trees and progress for the terminal, without third-party dependencies.
 
 Colour is ANSI and only on when the stream is a terminal and `NO_COLOR` is unset (see
 https://no-color.org), so piping the output into a file or `grep` gives plain text. Progress is
 drawn on stderr, only on a terminal, so it never mixes with output a script parses.
+
+Text read from a store is shown, never obeyed: a store may hold anything anyone wrote (a model's
+answer, a tool's error, a run id), and printed raw, `ESC ] 0 ; ... BEL` would retitle the window
+and `ESC [ 2 J` clear the screen. `printable` shows every C0 control (newline and tab kept in
+multi-line text), DEL, every C1 control and the bidi embeddings, overrides and isolates
+(U+202A-U+202E, U+2066-U+2069) as the escape Python would write for it: ESC is the four
+characters `\x1b`, U+202E is `\u202e`, a carriage return `\r` (and, where a value must stay on
+one line, a newline `\n` and a tab `\t`); lone surrogates too, so printing cannot fail on them.
+Backslashes are left as they are, so a stored text spelling `\x1b` looks the same: `--json`
+gives the exact values. Tables, trees and the message renderer pass every stored value through
+it, and `Output` (in `_commands`) passes every line through `terminal_safe`, which escapes
+anything left except the colour codes `Style` writes. JSON output goes through
+`json_printable`, which writes those characters as `\u` escapes: the same JSON value, plain
+ASCII where it matters.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -26,6 +41,63 @@ _CODES = {
     'magenta': '35',
     'cyan': '36',
 }
+
+
+_UNSAFE = '\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff'
+_UNSAFE_IN_A_LINE = re.compile(f'[\t\n{_UNSAFE}]')
+_UNSAFE_IN_A_BLOCK = re.compile(f'[{_UNSAFE}]')
+_UNSAFE_IN_JSON = re.compile('[\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]')
+_OWN_SGR = re.compile(r'\x1b\[(?:[0-2]|3[1-6])(?:;(?:[0-2]|3[1-6]))*m')
+"""The SGR sequences `Style` writes: reset, bold, dim and the colours, nothing that moves or hides text."""
+
+
+_NAMED_ESCAPES = {'\t': '\\t', '\n': '\\n', '\r': '\\r'}
+
+
+def _escape(match: re.Match[str]) -> str:
+    character = match.group()
+    named = _NAMED_ESCAPES.get(character)
+    if named is not None:
+        return named
+    code = ord(character)
+    return f'\\x{code:02x}' if code < 0x100 else f'\\u{code:04x}'
+
+
+def printable(text: str, *, multiline: bool = False) -> str:
+    """`text` with every character that could act on a terminal written as its escape (`\\x1b`).
+
+    `multiline=True` keeps newlines and tabs, for blocks printed over several lines; otherwise
+    they are escaped too, so a value stays on its line.
+    """
+    return (_UNSAFE_IN_A_BLOCK if multiline else _UNSAFE_IN_A_LINE).sub(_escape, text)
+
+
+def terminal_safe(text: str) -> str:
+    """`printable(text, multiline=True)`, except for the SGR colour codes `Style` writes.
+
+    The last guard before a line is written: whatever a command forgot to pass through
+    `printable` is escaped here, and only colour codes (`ESC [ ... m`, which cannot move the
+    cursor, retitle the window or clear anything) survive.
+    """
+    if '\x1b' not in text:
+        return printable(text, multiline=True)
+    pieces: list[str] = []
+    position = 0
+    for match in _OWN_SGR.finditer(text):
+        pieces.append(printable(text[position : match.start()], multiline=True))
+        pieces.append(match.group())
+        position = match.end()
+    pieces.append(printable(text[position:], multiline=True))
+    return ''.join(pieces)
+
+
+def json_printable(text: str) -> str:
+    """JSON text with DEL, C1 controls, bidi controls and lone surrogates as `\\u` escapes.
+
+    `json.dumps(..., ensure_ascii=False)` already escapes C0 controls; these it leaves raw.
+    Inside JSON they can only occur in strings, so the result is the same JSON value.
+    """
+    return _UNSAFE_IN_JSON.sub(lambda match: f'\\u{ord(match.group()):04x}', text)
 
 
 def colour_enabled(stream: TextIO) -> bool:
@@ -99,7 +171,7 @@ def table(
 
 def _text(cell: Cell) -> str:
     text = cell[0] if isinstance(cell, tuple) else cell
-    return ' '.join(text.split()) if '\n' in text else text
+    return printable(' '.join(text.split()) if '\n' in text else text)
 
 
 def _cut(text: str, width: int) -> str:
@@ -187,7 +259,7 @@ class ProgressLine:
     """
 
     def __init__(self, label: str, stream: TextIO | None = None) -> None:
-        self._label = label
+        self._label = printable(label)
         self._stream = stream if stream is not None else sys.stderr
         isatty = getattr(self._stream, 'isatty', None)
         self._enabled = bool(isatty and isatty())

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_loader, star_exports
 from ._context import MediaContext
+from ._errors import MediaIntegrityError
 from ._protocol import (
     KeyStrategy,
     MediaStore,
@@ -56,6 +57,7 @@ __getattr__ = lazy_loader(__name__, _LAZY)
 __all__ = [
     'KeyStrategy',
     'MediaContext',
+    'MediaIntegrityError',
     'MediaStore',
     'PublicUrlResolver',
     'default_key_strategy',

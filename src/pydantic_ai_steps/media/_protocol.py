@@ -24,6 +24,14 @@ class MediaStore(Protocol):
     `put` returns the canonical `media+sha256://` URI of the bytes; callers never choose keys, and
     storing the same bytes twice stores them once. `get` and `get_metadata` raise
     `FileNotFoundError` for a URI that was never stored and `ValueError` for a malformed one.
+
+    `get` checks the bytes it read against the URI's digest; bytes that do not match (a flipped
+    bit, a truncated file or row) raise `MediaIntegrityError`, a `FileNotFoundError`, so a damaged
+    blob reads as a missing one. `exists` is only a presence check: it does not read or hash the
+    bytes, so it can be `True` for a blob whose `get` then raises `MediaIntegrityError`.
+
+    The shipped stores are also async context managers with an idempotent `aclose()`; that is not
+    part of this protocol, so a store without them still satisfies it.
     """
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str: ...
@@ -43,17 +51,31 @@ def default_key_strategy(uri: str, context: MediaContext) -> str:
     return parse_media_uri(uri) + '.bin'
 
 
-def make_static_public_url(base_url: str, *, key_prefix: str = '', extension: str = '.bin') -> PublicUrlResolver:
+def make_static_public_url(
+    base_url: str | None = None, *, base: str | None = None, key_prefix: str = '', extension: str = '.bin'
+) -> PublicUrlResolver:
     """A resolver for media served under one base URL, e.g. a public bucket or a CDN.
 
     `https://cdn.example/` with `key_prefix='media/'` maps a URI to
-    `https://cdn.example/media/<sha256>.bin`.
+    `https://cdn.example/media/<sha256>.bin`. The base URL is the first argument; as a keyword it
+    is `base_url=`, or `base=` as the upstream package names it (give exactly one).
     """
-    base = base_url[:-1] if base_url.endswith('/') else base_url
+    if base_url is not None and base is not None:
+        raise TypeError(
+            f'make_static_public_url takes the base URL once, as base_url= or base=, not both; '
+            f'got base_url={base_url!r} and base={base!r}'
+        )
+    url = base_url if base_url is not None else base
+    if url is None:
+        raise TypeError('make_static_public_url needs the base URL: pass base_url= (or base=, the upstream name)')
+    if not isinstance(url, str) or not url:  # pyright: ignore[reportUnnecessaryIsInstance]
+        error = ValueError if isinstance(url, str) else TypeError  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise error(f"the base URL must be a non-empty string such as 'https://cdn.example/media', got {url!r}")
+    prefix = url[:-1] if url.endswith('/') else url
 
     def resolve(uri: str, context: MediaContext) -> str:
         del context
-        return f'{base}/{key_prefix}{parse_media_uri(uri)}{extension}'
+        return f'{prefix}/{key_prefix}{parse_media_uri(uri)}{extension}'
 
     return resolve
 

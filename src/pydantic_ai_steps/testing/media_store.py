@@ -22,7 +22,8 @@ header-based metadata (S3) pass too.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from contextlib import AbstractAsyncContextManager
+from typing import ClassVar, Literal, Protocol, cast
 
 import anyio
 import pytest
@@ -57,6 +58,14 @@ MALFORMED_URIS = (
 NEVER_STORED = media_uri_for(b'pydantic-ai-steps conformance: never stored')
 FIRST = {'source': 'camera-1', 'label': 'first put'}
 SECOND = {'source': 'camera-2', 'kind': 'second'}
+
+
+class _Closable(Protocol):
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, *exc_info: object) -> bool | None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class MediaStoreConformance:
@@ -190,6 +199,22 @@ class MediaStoreConformance:
 
     def test_satisfies_the_protocol(self, media_store: MediaStore) -> None:
         assert isinstance(media_store, MediaStore)
+
+    @pytest.mark.anyio
+    async def test_is_an_async_context_manager_with_an_idempotent_aclose(self, media_store: MediaStore) -> None:
+        uri = await media_store.put(b'closing time')
+        name = type(media_store).__name__
+        assert isinstance(media_store, AbstractAsyncContextManager), f'{name} must define __aenter__ and __aexit__'
+        assert callable(getattr(media_store, 'aclose', None)), f'{name} must define an async aclose()'
+        store = cast(_Closable, media_store)
+        async with store as entered:
+            assert entered is media_store
+            assert await media_store.get(uri) == b'closing time'
+        await store.aclose()  # closing a closed store is a no-op
+        await store.aclose()
+        with pytest.raises(LookupError, match='raised inside'):
+            async with store:
+                raise LookupError('raised inside async with')  # __aexit__ does not swallow it
 
     @pytest.mark.anyio
     async def test_concurrent_puts_of_the_same_bytes(self, media_store: MediaStore) -> None:

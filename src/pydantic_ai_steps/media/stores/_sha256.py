@@ -1,9 +1,13 @@
-"""Hashing a large payload on a thread of its own while the store writes it."""
+"""Hashing a large payload on a thread of its own while the store writes or reads it."""
 
 from __future__ import annotations
 
 import hashlib
+import queue
 import threading
+
+HASH_ON_A_THREAD_BYTES = 1 << 20
+"""Payloads at least this large are hashed on a thread of their own, overlapping their I/O."""
 
 
 class Sha256Thread:
@@ -39,3 +43,43 @@ class Sha256Thread:
             raise self._error
         assert self._digest is not None
         return self._digest
+
+
+class Sha256Feed:
+    """SHA-256 of buffers handed over one at a time, computed on a thread of its own.
+
+    For reads: a store fetching a large blob piece by piece feeds each piece here as it arrives,
+    so hashing the first pieces overlaps fetching the next ones, and verifying a read costs little
+    more than the read. A fed buffer must not change afterwards. Call `hexdigest()` (or `close()`,
+    to abandon it) exactly once; either ends the thread.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: queue.SimpleQueue[bytes | memoryview | None] = queue.SimpleQueue()
+        self._hash = hashlib.sha256()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name='pydantic-ai-steps-media-sha256-feed', daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (piece := self._pieces.get()) is not None:
+            if self._error is None:
+                try:
+                    self._hash.update(piece)
+                except BaseException as error:  # handed to the caller by hexdigest()
+                    self._error = error
+
+    def update(self, piece: bytes | memoryview) -> None:
+        self._pieces.put(piece)
+
+    def close(self) -> None:
+        """Stop the thread once it has hashed what it was given."""
+        if self._thread.is_alive():
+            self._pieces.put(None)
+            self._thread.join()
+
+    def hexdigest(self) -> str:
+        self.close()
+        if self._error is not None:
+            raise self._error
+        return self._hash.hexdigest()

@@ -12,6 +12,10 @@ and the file is then renamed to the name its digest gives, so storing a large bl
 more than hashing it. If a blob of that digest is already there, the temporary file is removed
 and the stored blob is left as it is. Smaller payloads are hashed first and written only when
 their blob is missing.
+
+`get` hashes the bytes it read (on its worker thread, never the event loop) and raises
+`MediaIntegrityError` (a `FileNotFoundError`) when they do not match the URI's digest: a damaged
+blob reads as a missing one. `exists` only looks for the file.
 """
 
 from __future__ import annotations
@@ -20,14 +24,18 @@ import contextlib
 import errno
 import hashlib
 import os
+import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from types import TracebackType
+from typing import Self
 
 import anyio.to_thread
 
 from ..._files import fsync_dir
 from .._context import EMPTY_CONTEXT, MediaContext
+from .._errors import MediaIntegrityError
 from .._protocol import (
     KeyStrategy,
     PublicUrlResolver,
@@ -44,6 +52,12 @@ __all__ = ['DiskMediaStore']
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _SIDECAR_SUFFIX = '.meta.json'
+_NAME_MAX_BYTES = 255
+"""The longest file or directory name common file systems take (ext4, XFS, APFS, NTFS...)."""
+_PATH_MAX_BYTES = 1023 if sys.platform == 'darwin' else 4095
+"""The longest path the OS takes (`PATH_MAX` less its terminating NUL)."""
+_TEMP_NAME_BYTES = len(f'put-{uuid.UUID(int=0).hex}.tmp')
+"""Temporary files are named `put-<32 hex>.tmp`, whatever the name of the file they become."""
 
 
 class DiskMediaStore:
@@ -51,11 +65,15 @@ class DiskMediaStore:
 
     `key_strategy` maps a URI (and the operation's `MediaContext`) to a path relative to
     `directory`; it must stay inside it, so absolute paths and `..` segments are rejected with
-    `ValueError` and nothing is stored (a large put may have created the root directory by then).
+    `ValueError` and nothing is stored (a large put may have created the root directory by then),
+    and so are keys the file system would refuse as too long: a file name over 245 bytes in UTF-8
+    (255 less the sidecar's `.meta.json`), a directory name over 255, or a whole path over the OS
+    limit (4095 bytes, 1023 on macOS) less 41 bytes of room for sidecar and temporary files.
     A strategy that depends on the context needs the same context on reads. Non-empty
     `context.metadata` is kept in a `<blob>.meta.json` sidecar; a later put with non-empty metadata
     replaces it, a later put without metadata leaves it. `media_type` and `filename` are not
-    persisted. The directory is created on the first put.
+    persisted. The directory is created on the first put. The store holds no open resources;
+    `aclose()` and `async with` exist so every media store can be closed the same way.
 
     Every put is atomic, so a process crash leaves a blob whole or absent. `durable=True` also
     flushes each new file and the directory entries it adds to disk before `put` returns, so a
@@ -85,6 +103,17 @@ class DiskMediaStore:
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}({str(self._root)!r})'
+
+    async def aclose(self) -> None:
+        """Nothing to release (every call opens and closes its own files); here so every store closes alike."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
         return await anyio.to_thread.run_sync(self._put_sync, data, context)
@@ -147,9 +176,15 @@ class DiskMediaStore:
 
     def _read_blob(self, path: Path, uri: str) -> bytes:
         try:
-            return path.read_bytes()
+            data = path.read_bytes()
         except (FileNotFoundError, IsADirectoryError):
             raise FileNotFoundError(f'media not found: {uri}') from None
+        # On this worker thread, after the read: hashing pieces on a second thread while the
+        # next ones are read was measured slower for files (the final copy and the page faults
+        # of a preallocated buffer cost more than the overlap saves).
+        if hashlib.sha256(data).hexdigest() != parse_media_uri(uri):
+            raise MediaIntegrityError.damaged(uri, len(data), f'stored at {path}')
+        return data
 
     def _read_metadata(self, path: Path, uri: str) -> dict[str, str]:
         if not path.is_file():
@@ -167,8 +202,10 @@ class DiskMediaStore:
 
     def _path(self, uri: str, context: MediaContext) -> Path:
         parse_media_uri(uri)  # validate before the strategy sees it
-        key = self._key_strategy(uri, context)
-        return self._root / _safe_relative_key(key, uri)
+        key = _safe_relative_key(self._key_strategy(uri, context), uri)
+        path = self._root / key
+        _check_lengths(key, self._root, uri)
+        return path
 
     def _make_dirs(self, directory: Path) -> None:
         """Create `directory` and its missing parents, each 0o700 (`os.makedirs` gives the mode to the leaf only)."""
@@ -208,13 +245,58 @@ def _safe_relative_key(key: object, uri: str) -> str:
     return key
 
 
+def _check_lengths(key: str, root: Path, uri: str) -> None:
+    """Refuse a key the file system would refuse with ENAMETOOLONG, before anything is written.
+
+    The blob's own name leaves room for the `.meta.json` sidecar beside it, and the whole path for
+    the sidecar and for a temporary file in the blob's directory.
+    """
+    parts = Path(key).parts
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        limit = _NAME_MAX_BYTES - len(_SIDECAR_SUFFIX) if last else _NAME_MAX_BYTES
+        size = len(_fs_bytes(part, key, uri))
+        if size > limit:
+            what = 'file name' if last else 'directory name'
+            reason = f"{_NAME_MAX_BYTES}, the file-system limit, less the {_SIDECAR_SUFFIX!r} sidecar's suffix"
+            raise ValueError(
+                f'key_strategy produced a key with a {what} of {size} bytes in UTF-8; a {what} may have at most '
+                f'{limit} bytes ({reason if last else "the file-system limit"}): {_shorten(key)} for {uri}'
+            )
+    limit = _PATH_MAX_BYTES - max(len(_SIDECAR_SUFFIX), _TEMP_NAME_BYTES + 1)
+    size = len(_fs_bytes(os.path.abspath(root / key), key, uri))
+    if size > limit:
+        raise ValueError(
+            f'key_strategy produced a key giving a path of {size} bytes in UTF-8; a path may have at most {limit} '
+            f'bytes (the OS limit of {_PATH_MAX_BYTES} less room for the sidecar and temporary files beside the '
+            f'blob): {_shorten(key)} in store directory {_shorten(str(root))} for {uri}'
+        )
+
+
+def _fs_bytes(text: str, key: str, uri: str) -> bytes:
+    try:
+        return os.fsencode(text)
+    except UnicodeEncodeError:
+        raise ValueError(
+            f'key_strategy produced a key the file system cannot name (not encodable as UTF-8): {_shorten(key)} '
+            f'for {uri}'
+        ) from None
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    """`repr(text)`, cut in the middle when long, so a message shows a huge key without printing it whole."""
+    if len(text) <= limit:
+        return repr(text)
+    return f'{text[: limit // 2]!r}…{text[-limit // 4 :]!r} ({len(text)} characters)'
+
+
 def _sidecar(blob: Path) -> Path:
     return blob.with_name(blob.name + _SIDECAR_SUFFIX)
 
 
 def _write_atomic(target: Path, payload: bytes, durable: bool) -> None:
     """Write `payload` to a fresh 0o600 temp file beside `target`, then rename it over `target`."""
-    temp = target.with_name(f'{target.name}.{uuid.uuid4().hex}.tmp')
+    temp = target.with_name(f'put-{uuid.uuid4().hex}.tmp')
     try:
         _write_new_file(temp, payload, durable)
         os.replace(temp, target)

@@ -4,8 +4,14 @@ Path-style URLs (`<endpoint>/<bucket>/<key>`) signed with our own SigV4 module, 
 path-style works on every S3-compatible server and needs no DNS per bucket. One `httpx`
 client per store; every request has explicit timeouts and bounded, jittered retries on 5xx,
 throttling and connection failures (never on other 4xx: those will not get better). Each failure
-class has its own exception type naming the bucket and key, and no credential ever appears in a
-repr, a log line or an exception message.
+class has its own exception type naming the bucket and key.
+
+No credential (secret key, session token, the Authorization signature) appears in a repr, a log
+line, an exception message, an exception's chain (httpx's error is chained as a copy whose
+request has its credential headers redacted, without its traceback), or the locals of the frames
+an error passes through (what error reporters such as Sentry record): the signed headers live in
+one frame that drops them before it returns or raises. A store cannot be pickled or copied
+(`TypeError`): a pickle of it would hold the secret; build a new store where you need one.
 
 Blobs above `multipart_threshold_bytes` go up as a multipart upload (parts in parallel); a failed
 or cancelled upload is aborted so no orphan parts keep costing storage.
@@ -20,9 +26,10 @@ import logging
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Final, Self
+from typing import Final, NoReturn, Self, SupportsIndex
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape as xml_escape
@@ -33,6 +40,7 @@ import httpx
 
 from .. import _sigv4
 from .._context import EMPTY_CONTEXT, MediaContext
+from .._errors import MediaIntegrityError, integrity_message
 from .._protocol import KeyStrategy, PublicUrlResolver, default_key_strategy, resolve_public_url
 from .._uri import parse_media_uri, uri_for_digest
 
@@ -105,8 +113,13 @@ _sleep = anyio.sleep  # module-level indirection so tests can record backoff del
 # --------------------------------------------------------------------------- exceptions
 
 
-class S3Error(Exception):
-    """Base of every S3MediaStore failure; names the operation, bucket and key, never a credential."""
+class S3Error(RuntimeError):
+    """Base of every S3MediaStore failure; names the operation, bucket and key, never a credential.
+
+    A `RuntimeError`, as the upstream store's S3 failures are, so `except RuntimeError` keeps
+    working; the subclasses are also the matching built-in (`PermissionError`,
+    `FileNotFoundError`, `ConnectionError`) where there is one.
+    """
 
     def __init__(
         self,
@@ -152,8 +165,8 @@ class S3ConnectionError(S3Error, ConnectionError):
     """The server could not be reached or did not answer in time, on every attempt."""
 
 
-class S3IntegrityError(S3Error):
-    """The bytes read back do not hash to the digest they are stored under."""
+class S3IntegrityError(S3Error, MediaIntegrityError):
+    """The bytes read back do not hash to the digest they are stored under (read as missing, like every store)."""
 
 
 # --------------------------------------------------------------------------- the store
@@ -170,7 +183,8 @@ class S3MediaStore:
 
     `client=` shares a caller-owned `httpx.AsyncClient` (never closed here); otherwise the store
     creates its own on first use (with `transport=` if given) and `aclose()` / `async with`
-    closes it. `timeout` applies to every request, on either client.
+    closes it. `timeout` applies to every request, on either client. A store cannot be pickled
+    or copied (it holds credentials): `pickle.dumps(store)` raises `TypeError`.
     """
 
     def __init__(
@@ -254,6 +268,13 @@ class S3MediaStore:
             f'access_key_id={self._masked_key!r}, key_prefix={self.key_prefix!r})'
         )
 
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise TypeError(
+            'S3MediaStore cannot be pickled or copied: it holds credentials (the secret access key and any '
+            'session token), which must not be written into a pickle; build a new S3MediaStore from your '
+            'configuration where another one is needed'
+        )
+
     # ----------------------------------------------------------------- lifecycle
 
     async def aclose(self) -> None:
@@ -309,13 +330,15 @@ class S3MediaStore:
         response = await self._send(op='GET', method='GET', key=key, uri=uri)
         data = response.content
         if await _sha256_hex(data) != digest:
-            raise S3IntegrityError(
-                f'S3 GET s3://{self.bucket}/{key} returned {len(data)} bytes that do not hash to {uri}',
+            error = S3IntegrityError(
+                integrity_message(uri, len(data), f'that S3 GET s3://{self.bucket}/{key} returned'),
                 operation='GET',
                 bucket=self.bucket,
                 key=key,
                 status=response.status_code,
             )
+            error.uri, error.size = uri, len(data)
+            raise error
         return data
 
     async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
@@ -502,7 +525,7 @@ class S3MediaStore:
         uri: str | None = None,
         idempotent: bool = True,
         error_in_ok_body: bool = False,
-    ) -> httpx.Response:
+    ) -> _Answer:
         """Sign and send one request, retrying what may succeed later; return a 2xx response.
 
         Retried: 5xx (except 501), throttling (429 or a throttling error code), and transport
@@ -517,44 +540,28 @@ class S3MediaStore:
         body_hash = payload_sha256 if payload_sha256 is not None else hashlib.sha256(body).hexdigest()
         attempts = self._max_retries + 1
         for attempt in range(1, attempts + 1):
-            signed = _sigv4.sign(
-                method=method,
-                host=self._host,
-                path=path,
-                query=query_string,
-                headers=headers,
-                payload_sha256=body_hash,
-                region=self.region,
-                access_key_id=self._access_key_id,
-                secret_access_key=self._secret.reveal(),
-                session_token=None if self._session_token is None else self._session_token.reveal(),
-                now=self._clock(),
-            )
             # Said only when retrying was the plan and the budget ran out.
             gave_up = f' (gave up after {attempts} attempts)' if attempt == attempts and attempts > 1 else ''
             error: S3Error
             retry_after: float | None = None
-            try:
-                response = await self._client().request(
-                    method, url, content=body, headers=signed, timeout=self._timeout
-                )
-            except httpx.TransportError as exc:
-                error, retryable = self._transport_error(op, key, exc, idempotent, gave_up)
+            answer = await self._attempt(method, url, path, query_string, headers, body, body_hash)
+            if isinstance(answer, httpx.RequestError):
+                error, retryable = self._transport_error(op, key, answer, idempotent, gave_up)
             else:
                 logger.debug(
                     'S3 %s s3://%s/%s -> %d (attempt %d/%d)',
                     op,
                     self.bucket,
                     key,
-                    response.status_code,
+                    answer.status_code,
                     attempt,
                     attempts,
                 )
-                error_body = _error_document(response.content) if error_in_ok_body else None
-                if response.is_success and error_body is None:
-                    return response
-                error, retryable = self._response_error(op, method, key, uri, response, error_body, gave_up)
-                retry_after = _retry_after_seconds(response.headers.get('retry-after'))
+                error_body = _error_document(answer.content) if error_in_ok_body else None
+                if answer.is_success and error_body is None:
+                    return answer
+                error, retryable = self._response_error(op, method, key, uri, answer, error_body, gave_up)
+                retry_after = _retry_after_seconds(answer.headers.get('retry-after'))
             if not retryable or attempt == attempts:
                 raise error
             delay = self._retry_delay(attempt, retry_after)
@@ -571,6 +578,47 @@ class S3MediaStore:
             await _sleep(delay)
         raise AssertionError('unreachable: the last attempt returns or raises')  # pragma: no cover
 
+    async def _attempt(
+        self,
+        method: str,
+        url: httpx.URL,
+        path: str,
+        query: str,
+        headers: Mapping[str, str] | None,
+        body: bytes,
+        body_hash: str,
+    ) -> _Answer | httpx.RequestError:
+        """Sign and send one request; return the answer, or the request's failure as a value.
+
+        Nothing this hands back or leaves behind holds a credential, so no exception chain,
+        traceback frame or error reporter recording frame locals can show one: the signed headers
+        (the session token, the Authorization signature) live only in this frame and are dropped
+        before it returns or raises; the answer keeps the status, headers and body of the response
+        but not httpx's `Response`, whose `.request` (and `.next_request`) carry them; and a failure
+        is a fresh copy of httpx's error, with no traceback and a request whose credential headers
+        read `<redacted>`.
+        """
+        signed: dict[str, str] | None = _sigv4.sign(
+            method=method,
+            host=self._host,
+            path=path,
+            query=query,
+            headers=headers,
+            payload_sha256=body_hash,
+            region=self.region,
+            access_key_id=self._access_key_id,
+            secret_access_key=self._secret.reveal(),
+            session_token=None if self._session_token is None else self._session_token.reveal(),
+            now=self._clock(),
+        )
+        try:
+            response = await self._client().request(method, url, content=body, headers=signed, timeout=self._timeout)
+        except httpx.RequestError as exc:
+            return _without_credentials(exc, self._redact)
+        finally:
+            signed = None
+        return _Answer(response.status_code, response.reason_phrase, response.headers, response.content)
+
     def _retry_delay(self, attempt: int, retry_after: float | None) -> float:
         """Full jitter (uniform in [0, base * 2^(attempt-1)], capped), or the server's Retry-After."""
         if retry_after is not None:
@@ -578,7 +626,7 @@ class S3MediaStore:
         return self._random.uniform(0.0, min(BACKOFF_CAP_SECONDS, self._backoff * 2 ** (attempt - 1)))
 
     def _transport_error(
-        self, op: str, key: str, exc: httpx.TransportError, idempotent: bool, gave_up: str
+        self, op: str, key: str, exc: httpx.RequestError, idempotent: bool, gave_up: str
     ) -> tuple[S3Error, bool]:
         # These fail before any byte of the request reached the server: always safe to resend.
         unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
@@ -605,7 +653,7 @@ class S3MediaStore:
         method: str,
         key: str,
         uri: str | None,
-        response: httpx.Response,
+        response: _Answer,
         error_body: tuple[str | None, str | None, str | None] | None,
         gave_up: str,
     ) -> tuple[S3Error, bool]:
@@ -655,7 +703,7 @@ class S3MediaStore:
 
 
 class _Secret:
-    """Holds a credential so that no repr, vars() dump or traceback local shows it."""
+    """Holds a credential so that no repr, vars() dump, traceback local or pickle shows it."""
 
     __slots__ = ('_value',)
 
@@ -669,6 +717,55 @@ class _Secret:
         return '<redacted>'
 
     __str__ = __repr__
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise TypeError('a credential cannot be pickled or copied')
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """What the store keeps of an HTTP response: never httpx's `Response`, whose request holds the credentials."""
+
+    status_code: int
+    reason_phrase: str
+    headers: httpx.Headers
+    content: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+
+_CREDENTIAL_HEADERS = frozenset({'authorization', 'x-amz-security-token'})
+
+
+def _redacted_request(request: httpx.Request) -> httpx.Request:
+    """Method, URL and headers of `request`, credential headers reading `<redacted>`; no body."""
+    headers = [
+        (name, '<redacted>' if name.lower() in _CREDENTIAL_HEADERS else value)
+        for name, value in request.headers.multi_items()
+    ]
+    return httpx.Request(request.method, request.url, headers=headers)
+
+
+def _without_credentials(exc: httpx.RequestError, redact: Callable[[str], str]) -> httpx.RequestError:
+    """A copy of `exc` that is safe to chain: same type and message, a redacted request, no traceback.
+
+    The original is dropped: its `.request` carries the signed headers, and its traceback (and the
+    httpcore error chained to it) runs through frames whose locals hold them.
+    """
+    try:
+        request: httpx.Request | None = _redacted_request(exc.request)
+    except RuntimeError:  # `.request` raises when the error was created without one
+        request = None
+    message = redact(str(exc))
+    for cls in type(exc).__mro__:  # the first class, from httpx's own, whose constructor is the usual one
+        if issubclass(cls, httpx.RequestError) and (cls is type(exc) or cls.__module__.startswith('httpx')):
+            try:
+                return cls(message, request=request)
+            except TypeError:
+                continue
+    return httpx.RequestError(message, request=request)  # pragma: no cover  (httpx's own class always fits)
 
 
 def _utc_now() -> datetime:
