@@ -79,10 +79,10 @@ async def test_snapshots_keep_what_the_boundary_saw_not_what_was_stamped_later(k
     await agent.run('hi', conversation_id='conv')
     saved = await STORES[kind](tmp_path).list_snapshots(run_id='stamped', include_interrupted=True)
     expected = await witness.list_snapshots(run_id='stamped', include_interrupted=True)
-    assert len(saved) == len(expected) == 3
+    assert len(saved) == len(expected) == 4  # the run's input, two boundaries, the end
     assert [dump(s.messages) for s in saved] == [dump(s.messages) for s in expected]
-    # The trap was really there: the first snapshot's pending request was stamped afterwards.
-    first_pending, later_same = saved[0].messages[2], saved[1].messages[2]
+    # The trap was really there: the first boundary's pending request was stamped afterwards.
+    first_pending, later_same = saved[1].messages[2], saved[2].messages[2]
     assert isinstance(first_pending, ModelRequest) and isinstance(later_same, ModelRequest)
     assert isinstance(first_pending.parts[0], ToolReturnPart)
     assert first_pending.timestamp is None and first_pending.instructions is None
@@ -163,7 +163,7 @@ async def check_concurrent_runs(kind: str, tmp_path: Path, runs: int, steps: int
             assert all(event.run_id == run_id for event in events)
             assert await store.list_unresolved_tool_effects(run_id=run_id) == []
             pairs = seqs_of(kind, tmp_path, run_id)
-            assert len({seq for seq, _ in pairs}) == len(pairs) == steps + 1
+            assert len({seq for seq, _ in pairs}) == len(pairs) == steps + 2  # the input, the boundaries, the end
             assert [step for _, step in pairs] == sorted(step for _, step in pairs)
             final = ModelMessagesTypeAdapter.validate_json((tmp_path / f'{run_id}.json').read_bytes())
             latest = await store.latest_snapshot(run_id=run_id)

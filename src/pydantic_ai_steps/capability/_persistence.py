@@ -78,6 +78,8 @@ class StepPersistence(StoreOperations[AgentDepsT]):
     _output_tool_names: frozenset[str] = field(default=frozenset[str](), init=False, repr=False)
     _final_boundary: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
     """The run's last boundary (history, step), written with `run_completed` by `after_run`."""
+    _input: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
+    """The history of the run's first model request: saved before its first tool runs, or at a failure."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.store, StepStore):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -170,8 +172,27 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         fields = self._event_fields(ctx, self._run_id, kind, **extra)
         await self._out.event(ctx, fields, now=kind in _OPENING_AND_CLOSING and not defer)
 
+    async def _save_input(self, ctx: RunContext[AgentDepsT]) -> None:
+        """Save the run's input (the history and prompt of its first request) as a continuable point.
+
+        Written with the first tool call's ledger entry, or at a failure, so a run that dies before
+        its first boundary can still be continued from where it began. A run that ends without
+        tool calls does not need it: its final snapshot supersedes it.
+        """
+        if self._input is None:
+            return
+        messages, step = self._input
+        self._input = None
+        await self._snapshot(ctx, messages, step, announce=False)
+
     async def _snapshot(
-        self, ctx: RunContext[AgentDepsT], messages: list[ModelMessage], step_index: int, *, valid: bool | None = None
+        self,
+        ctx: RunContext[AgentDepsT],
+        messages: list[ModelMessage],
+        step_index: int,
+        *,
+        valid: bool | None = None,
+        announce: bool = True,
     ) -> None:
         if valid is None:
             valid = self._validity.check(messages)
@@ -188,6 +209,9 @@ class StepPersistence(StoreOperations[AgentDepsT]):
             'state': state,
             'snapshot_index': index,
         }
+        if not announce:
+            await self._out.snapshot(ctx, fields, defer=True)
+            return
         await self._out.snapshot(ctx, fields)
         self._last_saved = messages
         await ctx.emit(
@@ -286,6 +310,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
         """Save the live history at the failure (state by validity), then record `run_failed`."""
+        await self._save_input(ctx)
         await self._write_final_boundary(ctx)
         stashed = _context.live_history.get()
         if stashed is not None:
@@ -305,6 +330,8 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         if self.capture_frontier:
             _context.live_history.set((ctx.messages, ctx.run_step))
             await self._snapshot(ctx, list(ctx.messages), ctx.run_step)
+        elif self._last_request_step is None:
+            self._input = (list(ctx.messages), ctx.run_step)
         self._last_request_step = ctx.run_step
         output_tools = request_context.model_request_parameters.output_tools
         if output_tools:
@@ -336,6 +363,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         `on_tool_execute_error`; such a call is recorded `failed`, saying it asked for a retry.
         """
         run_id, call_id, name, out = self._run_id, call.tool_call_id, tool_def.name, self._out
+        await self._save_input(ctx)
         opening = self._event_fields(
             ctx, run_id, 'tool_call_started', tool_call_id=call_id, tool_name=name, tool_args=_args_text(call)
         )

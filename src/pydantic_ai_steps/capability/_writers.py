@@ -106,7 +106,8 @@ class ImmediateWriter:
             error,
         )
 
-    async def snapshot(self, ctx: RunContext[Any], fields: Fields) -> None:
+    async def snapshot(self, ctx: RunContext[Any], fields: Fields, *, defer: bool = False) -> None:
+        del defer  # written at once
         p = self._p
         await call_operation(p, ctx, 'save_snapshot', p._save_snapshot, **fields)  # pyright: ignore[reportPrivateUsage]
 
@@ -132,6 +133,7 @@ class BatchingWriter:
         self._effects: list[ToolEffectRecord] = []
         self._open: dict[str, ToolEffectRecord] = {}
         """The ledger entry of each tool call in flight, as last written."""
+        self._deferred: ContinuableSnapshot | None = None
 
     async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Callable[[str], Fields]) -> str:
         """The registration and `run_started` in one write."""
@@ -172,7 +174,11 @@ class BatchingWriter:
         prior = self._open.pop(call_id, None)
         self._effects.append(closed_entry(prior, run_id, call_id, name, status, error))
 
-    async def snapshot(self, ctx: RunContext[Any], fields: Fields) -> None:
+    async def snapshot(self, ctx: RunContext[Any], fields: Fields, *, defer: bool = False) -> None:
+        """Written now, or with `defer` by the next write that must happen anyway (a run's input)."""
+        if defer:
+            self._deferred = continuable_snapshot(**fields)
+            return
         await self._write(snapshot=continuable_snapshot(**fields))
 
     async def flush(self) -> None:
@@ -189,6 +195,12 @@ class BatchingWriter:
     async def _write(
         self, *, snapshot: ContinuableSnapshot | None = None, tool_effects: list[ToolEffectRecord] | None = None
     ) -> None:
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            if snapshot is None:
+                snapshot = deferred
+            else:  # two snapshots: the earlier one goes first, on its own
+                await self._write(snapshot=deferred)
         events, effects = self._events, self._effects
         self._events, self._effects = [], []
         try:
