@@ -338,10 +338,13 @@ def last_line(path: Path) -> bytes | None:
     """The last complete line of a file, read from its end; `None` if there is none."""
     try:
         fd = open_file(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # absent, a directory, a link: no line to read
         return None
     try:
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        size = info.st_size
         chunk = 4096
         while True:
             start = max(0, size - chunk)

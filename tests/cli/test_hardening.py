@@ -1,0 +1,92 @@
+"""The CLI on things that are not its stores: it refuses, and writes and deletes nothing."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_cli_inprocess
+
+
+def snapshot_of(directory: Path) -> dict[str, bytes | None]:
+    return {
+        str(path.relative_to(directory)): None if path.is_dir() else path.read_bytes()
+        for path in sorted(directory.rglob('*'))
+    }
+
+
+def make_project(directory: Path) -> dict[str, bytes | None]:
+    (directory / 'src').mkdir(parents=True)
+    (directory / 'README').write_text('my project\n')
+    (directory / 'src' / 'main.py').write_text('print("hello")\n')
+    return snapshot_of(directory)
+
+
+@pytest.mark.parametrize('command', [['runs'], ['tree'], ['stats'], ['events', 'x']])
+def test_the_inspector_refuses_a_directory_that_is_not_a_store(tmp_path: Path, command: list[str]) -> None:
+    before = make_project(tmp_path / 'project')
+    result = run_cli_inprocess(*command, '--store', str(tmp_path / 'project'))
+    assert result.returncode == 1
+    assert 'is not a step store' in result.stderr and result.stderr.count('\n') == 1
+    assert snapshot_of(tmp_path / 'project') == before  # no _index, nothing written
+
+
+def test_the_inspector_on_proc_self_is_a_clear_error() -> None:
+    if not Path('/proc/self').exists():
+        pytest.skip('no /proc here')
+    result = run_cli_inprocess('runs', '--store', '/proc/self')
+    assert result.returncode == 1
+    assert 'Recursion' not in result.stderr and result.stderr.startswith('pydantic-ai-steps: error: ')
+
+
+def test_the_inspector_never_writes_into_a_store_it_reads(tmp_path: Path) -> None:
+    database = tmp_path / 'steps.db'
+    with sqlite3.connect(database) as connection:  # an upstream-like database, before any migration
+        connection.execute('CREATE TABLE runs (run_id TEXT PRIMARY KEY, metadata TEXT NOT NULL, started_at TEXT)')
+        connection.execute("INSERT INTO runs VALUES ('r', '{}', '2026-01-01T00:00:00+00:00')")
+    tables = sqlite3.connect(database).execute('SELECT name FROM sqlite_master ORDER BY name').fetchall()
+    for command in (['runs'], ['tree'], ['stats'], ['events', 'r'], ['effects', 'r'], ['export', 'r']):
+        result = run_cli_inprocess(*command, '--store', f'sqlite:///{database}')
+        assert result.returncode == 0, result.stderr
+    assert sqlite3.connect(database).execute('SELECT name FROM sqlite_master ORDER BY name').fetchall() == tables
+
+
+def test_the_demo_refuses_a_directory_holding_other_files_and_deletes_nothing(tmp_path: Path) -> None:
+    before = make_project(tmp_path / 'project')
+    for _ in range(2):
+        result = run_cli_inprocess('demo', '--store', str(tmp_path / 'project'), cwd=tmp_path)
+        assert result.returncode == 1
+        assert 'refusing to use' in result.stderr and 'not a step store' in result.stderr
+    assert snapshot_of(tmp_path / 'project') == before
+
+
+def test_the_demo_in_the_current_directory_twice_removes_only_its_own_runs(tmp_path: Path) -> None:
+    os.mkdir(tmp_path / 'here')
+    for attempt in range(2):
+        result = run_cli_inprocess('demo', '--store', '.', cwd=tmp_path / 'here')
+        assert result.returncode == 0, result.stdout + result.stderr
+        if attempt:
+            assert 'reset: deleted the' in result.stdout
+    (tmp_path / 'here' / 'notes.txt').write_text('mine\n')  # something of the user's in the store directory
+    result = run_cli_inprocess('demo', '--store', '.', cwd=tmp_path / 'here')
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / 'here' / 'notes.txt').read_text() == 'mine\n'
+
+
+def test_a_damaged_record_is_one_warning_line_not_a_traceback(tmp_path: Path) -> None:
+    import anyio
+
+    from .conftest import open_store, populate_and_close
+
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    with sqlite3.connect(tmp_path / 'steps.db') as connection:
+        connection.execute("UPDATE events SET kind = 'exploded' WHERE run_id = ?", (runs.librarian,))
+    result = run_cli_inprocess('events', runs.librarian, '--store', url)
+    assert result.returncode == 0
+    assert 'Traceback' not in result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line]
+    assert warnings and all('skipping unreadable event' in line for line in warnings)

@@ -1,0 +1,196 @@
+"""What a hostile or careless user can do to a store: damaged counts, planted links, other writers,
+world-readable files, memory that grows with finished runs, and errors that must be clear."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import BinaryContent, ModelRequest, UserPromptPart
+
+from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps.step_persistence import FileStepStore, RunRecord, SqliteStepStore, StepEvent, ToolEffectRecord
+from pydantic_ai_steps.testing.step_store import T0, dump
+
+from .agents import call, scripted
+from .builders import history, snap
+
+pytestmark = pytest.mark.anyio
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+# --- 5. a damaged snapshot count -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize('kind', ['file', 'sqlite'])
+async def test_a_huge_message_count_skips_the_snapshot_without_allocating(kind: str, tmp_path: Path) -> None:
+    store = FileStepStore(tmp_path / 'f') if kind == 'file' else SqliteStepStore(database=tmp_path / 's.db')
+    await store.register_run(RunRecord(run_id='r'))
+    await store.save_snapshot(snap('r', history(1), 1))
+    await store.save_snapshot(snap('r', history(2), 2))
+    await store.aclose()
+    if kind == 'file':
+        path = tmp_path / 'f' / 'r' / 'snapshots' / '2.json'
+        body = json.loads(path.read_text())
+        body['messages']['message_count'] = 10**12
+        path.write_text(json.dumps(body))
+    else:
+        with sqlite3.connect(tmp_path / 's.db') as connection:
+            connection.execute('UPDATE snapshots SET message_count = ? WHERE step_index = 2', (10**12,))
+    reader = FileStepStore(tmp_path / 'f') if kind == 'file' else SqliteStepStore(database=tmp_path / 's.db')
+    latest = await reader.latest_snapshot(run_id='r')
+    assert latest is not None and latest.step_index == 1 and dump(latest.messages) == dump(history(1))
+    assert [s.step_index for s in await reader.list_snapshots(run_id='r')] == [1]
+    await reader.aclose()
+
+
+# --- 7. runs another writer put in a File store ---------------------------------------------------
+
+
+async def test_a_run_folder_copied_in_is_listed(tmp_path: Path) -> None:
+    here, elsewhere = FileStepStore(tmp_path / 'here'), FileStepStore(tmp_path / 'elsewhere')
+    await here.register_run(RunRecord(run_id='local', conversation_id='c', started_at=T0))
+    assert [r.run_id for r in await here.list_runs(conversation_id='c')] == ['local']  # the index exists now
+    await elsewhere.register_run(RunRecord(run_id='shipped', conversation_id='c', started_at=T0))
+    await elsewhere.save_snapshot(snap('shipped', history(2), 2))
+    shutil.copytree(tmp_path / 'elsewhere' / 'shipped', tmp_path / 'here' / 'shipped')  # the documented way
+    for reader in (here, FileStepStore(tmp_path / 'here')):
+        assert [r.run_id for r in await reader.list_runs(conversation_id='c')] == ['local', 'shipped']
+    latest = await here.latest_snapshot(run_id='shipped')
+    assert latest is not None and dump(latest.messages) == dump(history(2))
+    # The next writer records the adopted run in the index, so every reader finds it there.
+    await here.register_run(RunRecord(run_id='later', conversation_id='c', started_at=T0))
+    lines = (tmp_path / 'here' / '_index' / 'runs.jsonl').read_text()
+    assert '"run_id":"shipped"' in lines
+
+
+# --- 9. links planted in a File store --------------------------------------------------------------
+
+
+async def test_planted_links_are_never_followed(tmp_path: Path) -> None:
+    root, outside = tmp_path / 'store', tmp_path / 'outside'
+    outside.mkdir()
+    target = outside / 'victim.txt'
+    target.write_text('precious\n')
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='r'))
+    await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+    # A link in place of the run's event log.
+    (root / 'r' / 'events.jsonl').unlink()
+    (root / 'r' / 'events.jsonl').symlink_to(target)
+    with pytest.raises(PermissionError, match='symbolic link'):
+        await FileStepStore(root).append_event(StepEvent(run_id='r', kind='run_completed', step_index=1))
+    # A link in place of the index.
+    (root / '_index' / 'runs.jsonl').unlink()
+    (root / '_index' / 'runs.jsonl').symlink_to(target)
+    with pytest.raises(PermissionError, match='symbolic link'):
+        await FileStepStore(root).register_run(RunRecord(run_id='other'))
+    # A link in place of a run folder.
+    (outside / 'fake-run').mkdir()
+    (root / 'linked').symlink_to(outside / 'fake-run')
+    with pytest.raises(PermissionError, match='symbolic link'):
+        await FileStepStore(root).register_run(RunRecord(run_id='linked'))
+    assert target.read_text() == 'precious\n'
+    assert os.listdir(outside / 'fake-run') == []
+
+
+# --- 10. owner-only files ------------------------------------------------------------------------------
+
+
+async def test_files_are_owner_only_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        files = FileStepStore(tmp_path / 'files')
+        await files.register_run(RunRecord(run_id='r'))
+        await files.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+        await files.record_tool_effect(ToolEffectRecord(tool_call_id='c', tool_name='t', run_id='r', status='started'))
+        image = BinaryContent(b'\x89PNG' * 20_000, media_type='image/png')
+        await files.save_snapshot(snap('r', [ModelRequest(parts=[UserPromptPart(['x', image], timestamp=T0)])]))
+        sqlite_store = SqliteStepStore(database=tmp_path / 'db' / 'steps.db')
+        await sqlite_store.register_run(RunRecord(run_id='r'))
+        await sqlite_store.aclose()
+    finally:
+        os.umask(old)
+    for path in (tmp_path / 'files').rglob('*'):
+        assert mode(path) == (0o700 if path.is_dir() else 0o600), path
+    assert mode(tmp_path / 'files') == 0o700
+    assert mode(tmp_path / 'db') == 0o700
+    for path in (tmp_path / 'db').iterdir():
+        assert mode(path) == 0o600, path
+
+
+# --- 12. memory that finished runs hold ------------------------------------------------------------
+
+
+async def test_finished_runs_release_their_histories(tmp_path: Path) -> None:
+    store = SqliteStepStore(database=tmp_path / 's.db')
+    agent = Agent(
+        scripted([call('look', 'c1')], 'seen'),
+        capabilities=[StepPersistence(store=store, agent_name='viewer')],
+    )
+
+    @agent.tool_plain
+    def look() -> str:  # pyright: ignore[reportUnusedFunction]
+        return 'a picture'
+
+    for index in range(20):
+        image = BinaryContent(bytes([index]) * (1 << 20), media_type='image/png')
+        await agent.run(['what is this?', image])
+    tracker = store._log.tracker  # pyright: ignore[reportPrivateUsage]
+    assert len(tracker) == 0 and tracker.weight == 0  # nothing of a closed run stays in memory
+    await store.aclose()
+
+
+def test_the_history_tracker_is_bounded_by_bytes() -> None:
+    from pydantic_ai_steps.store.history import HistoryTracker
+
+    tracker: HistoryTracker[bytes] = HistoryTracker(max_bytes=3 << 20)
+    for index in range(10):
+        messages = [ModelRequest(parts=[UserPromptPart(f'run {index}')])]
+        delta = tracker.delta(f'run-{index}', messages)
+        tracker.commit(delta, {0: b'digest'}, 1, weights={0: 1 << 20})
+    assert len(tracker) == 3 and tracker.weight == 3 << 20
+
+
+# --- 13. errors that say what is wrong ---------------------------------------------------------------
+
+
+async def test_an_events_file_that_is_a_directory_does_not_break_the_store(tmp_path: Path) -> None:
+    store = FileStepStore(tmp_path)
+    await store.register_run(RunRecord(run_id='odd', conversation_id='c'))
+    await store.register_run(RunRecord(run_id='fine', conversation_id='c'))
+    (tmp_path / 'odd' / 'events.jsonl').mkdir()
+    assert await FileStepStore(tmp_path).list_events(run_id='odd') == []
+    assert [r.run_id for r in await FileStepStore(tmp_path).list_runs(conversation_id='c')] == ['odd', 'fine']
+
+
+async def test_a_sqlite_database_without_some_tables_reads_empty_and_migrates_on_write(tmp_path: Path) -> None:
+    database = tmp_path / 'partial.db'
+    with sqlite3.connect(database) as connection:
+        connection.execute(
+            'CREATE TABLE runs (run_id TEXT PRIMARY KEY, metadata TEXT NOT NULL, started_at TEXT NOT NULL)'
+        )
+        connection.execute("INSERT INTO runs VALUES ('r', '{}', ?)", (T0.isoformat(),))
+    store = SqliteStepStore(database=database)
+    assert await store.latest_snapshot(run_id='r') is None  # no snapshots table: no snapshot, no raw error
+    assert await store.list_events(run_id='r') == []
+    await store.save_snapshot(snap('r', history(1)))
+    latest = await store.latest_snapshot(run_id='r')
+    assert latest is not None and dump(latest.messages) == dump(history(1))
+    await store.aclose()
+
+
+def test_flags_must_be_real_booleans(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="durable must be True or False, got 'yes'"):
+        SqliteStepStore(database=tmp_path / 's.db', durable='yes')  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ValueError, match='durable must be True or False'):
+        FileStepStore(tmp_path, durable=1)  # pyright: ignore[reportArgumentType]
