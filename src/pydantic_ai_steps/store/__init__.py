@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from .._records import RunQuery
 from .backend import (
     STALE,
     SUPPRESSED,
@@ -47,6 +48,7 @@ __all__ = [
     'PruneResult',
     'RecordBatchStore',
     'Row',
+    'RunQuery',
     'SnapshotRow',
     'SnapshotWrite',
     'StepStore',

@@ -1,8 +1,8 @@
 """Running the File and SQLite stores' blocking work without stalling the event loop, cheaply.
 
 A step makes several store calls, each a short burst of file or SQLite I/O (tens of
-microseconds). Handing each to a worker thread costs more than the work: two thread wake-ups,
-measured at 150-200 us per call on a busy two-core machine. So the per-step calls are first
+microseconds). Handing each to a worker thread costs more than the work: two thread wake-ups
+(measured in `docs/design.md`). So the per-step calls are first
 tried *on the event loop* in a mode where they may not wait for anything (`run_soon`): every
 lock they would wait on (a thread lock, `flock`, SQLite's write lock) is only tried, and if one
 is taken the attempt raises `WouldBlock` before it has written anything, and the call goes to a
@@ -10,8 +10,8 @@ worker thread instead, where waiting is harmless. A call that must flush to disk
 stores) goes to a worker at once. Either way the loop never waits on another writer.
 
 The worker hand-off (`run_blocking`): on asyncio a small pool of long-lived worker threads fed
-through a `SimpleQueue`, waking the loop with `call_soon_threadsafe` (about 30 us of CPU against
-85 us for `anyio.to_thread.run_sync`, which is used under any other event loop, e.g. trio).
+through a `SimpleQueue`, waking the loop with `call_soon_threadsafe` (cheaper than
+`anyio.to_thread.run_sync`, which is used under any other event loop, e.g. trio).
 
 Semantics match `anyio.to_thread.run_sync` without `abandon_on_cancel`: a call that has started
 always runs to completion, and a cancellation that arrives meanwhile is delivered after it, so

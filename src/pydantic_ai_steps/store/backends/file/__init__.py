@@ -5,6 +5,7 @@ Layout under the store directory (SPEC section 4, plus the files that make it ch
 ```
 <dir>/_index/runs.jsonl           one line per registered (or deleted) run: the index list_runs reads
 <dir>/<run>/run.json              the RunRecord (written once, exclusively)
+<dir>/<run>/status.json           how the run ended (written by its closing event)
 <dir>/<run>/events.jsonl          one StepEvent per line
 <dir>/<run>/tool_effects.jsonl    one ToolEffectRecord per line; the last line of a call wins
 <dir>/<run>/messages.jsonl        the run's message log: {"i": log index, "p": position, "m": message}

@@ -102,7 +102,13 @@ class FileBackend:
             await self._guarded(run_id, self._append_effects, rows)
         for run_id, rows in _by_run(batch.events):
             await self._guarded(run_id, self._append_events, rows)
+        for closing in batch.closings:
+            await self._guarded(closing.run_id, self._write_status, closing)
         return outcome
+
+    def _write_status(self, state: RunState, closing: Closing) -> None:
+        """`status.json`: how the run ended, replaced atomically (a run closes once; a retry rewrites it)."""
+        replace_file(state.paths.status, line({'status': closing.status, 'ended_at': closing.ended_at}), self.durable)
 
     async def _guarded(self, run_id: str, body: Callable[[RunState, Any], _R], argument: Any) -> _R:
         """Run a write of one run's files; a run folder gone meanwhile (deleted) is `RunNotFoundError`."""
@@ -339,11 +345,17 @@ class FileBackend:
         return [self._with_status(row) for row in self._index.rows(wanted)]
 
     def _with_status(self, row: Row) -> Row:
-        """The row with `status` and `ended_at` from the run's last event (a closing one, or not)."""
+        """The row with `status` and `ended_at`: from `status.json`, or (runs closed by other writers)
+        from the run's last event when it is a closing one."""
         run_id = row.get('run_id')
         if not isinstance(run_id, str):
             return row
-        path = self._root / run_dir_name(run_id) / 'events.jsonl'
+        paths = RunPaths(self._root / run_dir_name(run_id))
+        with contextlib.suppress(OSError, ValueError):
+            closed = json_object(read_bytes(paths.status))
+            if closed.get('status') in ('completed', 'failed'):
+                return {**row, 'status': closed['status'], 'ended_at': closed.get('ended_at')}
+        path = paths.events
         try:
             info = os.lstat(path)
             stamp = (info.st_ino, info.st_size)
@@ -642,7 +654,8 @@ def _texts_in_folder(folder: Path, marker: bytes) -> list[str]:
     texts: list[str] = []
     for text in read_lines(folder / 'messages.jsonl'):
         if marker in text:
-            texts.append(text.decode('utf-8', 'replace'))
+            entry = _parse_log_line(text)
+            texts.append(entry.text if entry is not None else text.decode('utf-8', 'replace'))
     for seq in _snapshot_seqs(folder / SNAPSHOTS_DIR):  # the upstream layout keeps histories here
         with contextlib.suppress(OSError):
             raw = read_bytes(folder / SNAPSHOTS_DIR / f'{seq}.json')

@@ -13,6 +13,8 @@ TRASH_DIR = 'trash'
 """Under `_index`: where a deleted run's folder is moved (atomically) before it is removed."""
 MEDIA_DIR = 'media'
 RUN_FILE = 'run.json'
+STATUS_FILE = 'status.json'
+"""How the run ended: `{"status", "ended_at"}`, written by its closing event."""
 EVENTS_FILE = 'events.jsonl'
 EFFECTS_FILE = 'tool_effects.jsonl'
 MESSAGES_FILE = 'messages.jsonl'

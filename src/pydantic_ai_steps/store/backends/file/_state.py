@@ -18,7 +18,7 @@ from typing import Any, cast
 from ...._records import SNAPSHOT_STATES
 from ...codec import Row
 from ._io import Tail, json_object, logger
-from ._paths import EFFECTS_FILE, EVENTS_FILE, MESSAGES_FILE, RUN_FILE, SNAPSHOT_LEDGER_FILE, SNAPSHOTS_DIR
+from ._paths import EFFECTS_FILE, EVENTS_FILE, MESSAGES_FILE, RUN_FILE, SNAPSHOT_LEDGER_FILE, SNAPSHOTS_DIR, STATUS_FILE
 
 LOG_PREFIX = re.compile(rb'\{"i":([0-9]+),"p":([0-9]+),"m":')
 REMOVED_PREFIX = b'{"removed":'
@@ -31,6 +31,7 @@ class RunPaths:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.run = run_dir / RUN_FILE
+        self.status = run_dir / STATUS_FILE
         self.events = run_dir / EVENTS_FILE
         self.effects = run_dir / EFFECTS_FILE
         self.messages = run_dir / MESSAGES_FILE

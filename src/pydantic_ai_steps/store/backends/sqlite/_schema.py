@@ -41,8 +41,8 @@ _CREATE_TABLES = (
     'message_count INTEGER, log_size INTEGER)',
     'CREATE TABLE IF NOT EXISTS messages ('
     'run_id TEXT NOT NULL, log_index INTEGER NOT NULL, position INTEGER NOT NULL, message TEXT NOT NULL, '
-    # A rowid table, not WITHOUT ROWID: messages are kilobytes, and WITHOUT ROWID keeps only ~1 KB
-    # of a row on its page and spills the rest to overflow pages, which nearly doubled the file.
+    # A rowid table, not WITHOUT ROWID: messages are kilobytes, and WITHOUT ROWID keeps only a small
+    # part of a row on its page and spills the rest to overflow pages (docs/design.md has the sizes).
     'PRIMARY KEY (run_id, log_index))',
     'CREATE TABLE IF NOT EXISTS snapshot_idempotency_keys ('
     'run_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, PRIMARY KEY (run_id, idempotency_key)) WITHOUT ROWID',
