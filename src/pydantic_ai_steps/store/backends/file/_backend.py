@@ -29,6 +29,7 @@ from ...._records import RunQuery
 from ...backend import (
     STALE,
     SUPPRESSED,
+    Closing,
     CommitOutcome,
     Damaged,
     LogEntry,
