@@ -141,7 +141,7 @@ def test_effects(populated: PopulatedStore) -> None:
 
 def test_snapshot_renders_messages_and_media(populated: PopulatedStore) -> None:
     text = ok('snapshot', populated.runs.media, '--store', populated.url)
-    assert text.splitlines()[0] == 'run media-1  snapshot at step 2  complete  2026-01-02 03:04:05 UTC  4 messages'
+    assert text.splitlines()[0] == 'run media-1  snapshot at step 2  complete  2026-01-02 03:04:05.000 UTC  4 messages'
     assert f'<image/png, {len(BIG_IMAGE):,} bytes, {media_uri_for(BIG_IMAGE)}>' in text
     assert f'<image/png, {len(SMALL_IMAGE):,} bytes, inline>' in text
     assert f'<text/plain, {len(BIG_TEXT):,} bytes, {media_uri_for(BIG_TEXT.encode())}>' in text
@@ -298,7 +298,8 @@ def test_missing_store_option_and_bad_arguments() -> None:
     result = run_cli('runs')
     assert (result.returncode, result.stderr) == (
         1,
-        'pydantic-ai-steps: error: no store given: pass --store URL (for example --store sqlite:///steps-demo.db)\n',
+        'pydantic-ai-steps: error: no store given: pass --store URL (for example --store sqlite:///steps-demo.db) '
+        'or set PYDANTIC_AI_STEPS_STORE\n',
     )
     usage = run_cli_inprocess('export', 'x', '--format', 'csv', '--store', 'x.db')
     assert usage.returncode == 2

@@ -113,18 +113,25 @@ def test_every_suggested_command_runs(demo: DemoRun) -> None:
 def test_tree_shows_what_the_demo_said(demo: DemoRun) -> None:
     lines = demo.run(['tree', '--store', 'sqlite:///steps-demo.db']).splitlines()
     assert lines[0].startswith(f'{demo.orchestrator}  [orchestrator]  completed')
-    (crashed,) = [line for line in lines if demo.crashed in line]
-    assert 'unfinished' in crashed and '1 unresolved tool effect' in crashed
+    (crashed,) = [line for line in lines if line[3:].startswith(demo.crashed)]
+    assert 'unfinished' in crashed and 'unresolved' not in crashed  # checked, and recorded as checked
     (continued,) = [line for line in lines if demo.continued in line]
-    assert 'completed' in continued
+    assert 'completed' in continued and f'continued from {demo.crashed}' in continued
     assert [line[:3] for line in lines[1:]] == ['├─ ', '└─ ']
 
 
 def test_effects_show_the_unresolved_key(demo: DemoRun) -> None:
-    (effect,) = json.loads(
-        demo.run(['effects', demo.crashed, '--unresolved', '--json', '--store', 'sqlite:///steps-demo.db'])
+    assert (
+        json.loads(demo.run(['effects', demo.crashed, '--unresolved', '--json', '--store', 'sqlite:///steps-demo.db']))
+        == []
     )
+    (effect,) = [
+        effect
+        for effect in json.loads(demo.run(['effects', demo.crashed, '--json', '--store', 'sqlite:///steps-demo.db']))
+        if effect['status'] == 'started'
+    ]
     assert (effect['tool_name'], effect['status'], effect['idempotency_key']) == ('post_finding', 'started', KEY)
+    assert (effect['resolution'], effect['resolved_by']) == ('not_done', 'orchestrator')
     assert f"idempotency key '{KEY}'" in ' '.join(demo.output.split())
     assert effect['tool_call_id'] in demo.output
 
@@ -180,7 +187,7 @@ def test_runs_by_conversation_shows_both_turns(demo: DemoRun) -> None:
 
 def test_stats_after_the_demo(demo: DemoRun) -> None:
     stats = json.loads(demo.run(['stats', '--json', '--store', 'sqlite:///steps-demo.db']))
-    assert (stats['runs'], stats['unresolved_effects']) == (3, 1)
+    assert (stats['runs'], stats['unresolved_effects']) == (3, 0)  # the demo recorded what it checked
     assert stats['bytes'] > 0
 
 

@@ -10,14 +10,16 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 
 import anyio
 
-from . import _commands
+from . import _commands, _maintenance
 from ._errors import CliError
 from ._inspect import STATUS_HELP
+from ._output import Command, Output
 from ._render import printable
-from ._stores import schemes_help
+from ._stores import STORE_VARIABLE, schemes_help
 
 PROG = 'pydantic-ai-steps'
 
@@ -33,21 +35,31 @@ def _store_help(role: str = 'the store to read') -> str:
     )
 
 
+RUN_HELP = 'a run id, or a unique prefix of one (an ambiguous prefix lists its matches)'
+
+
 def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=DESCRIPTION,
-        epilog=f'{STATUS_HELP}\n\nstart with:  {PROG} demo',
+        epilog=f'{STATUS_HELP}\n\n{STORE_VARIABLE}: the store used when --store is not given'
+        f'\n\nstart with:  {PROG} demo',
         formatter_class=formatter,
     )
+    parser.add_argument('--version', action='version', version=f'{PROG} {_version()}')
     parser.add_argument('--debug', action='store_true', help='show the traceback of an unexpected error')
+    parser.add_argument('--store', metavar='URL', help=_store_help() + f' (default: ${STORE_VARIABLE})')
     commands = parser.add_subparsers(dest='command', metavar='COMMAND', required=True)
 
     store = argparse.ArgumentParser(add_help=False)
-    store.add_argument('--store', metavar='URL', help=_store_help())
+    # Also after the command; SUPPRESS keeps a --store given before the command when none comes after.
+    store.add_argument('--store', metavar='URL', default=argparse.SUPPRESS, help=_store_help())
     listing = argparse.ArgumentParser(add_help=False)
     listing.add_argument('--json', action='store_true', help='print JSON for scripts instead of a table')
+    confirm = argparse.ArgumentParser(add_help=False)
+    confirm.add_argument('--dry-run', action='store_true', help='show what would be removed, remove nothing')
+    confirm.add_argument('--yes', action='store_true', help='remove without asking (needed unless --dry-run)')
 
     def add(name: str, summary: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
         return commands.add_parser(
@@ -73,14 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         '--store',
         metavar='URL',
-        default='sqlite:///steps-demo.db',
-        help=_store_help('where the demo writes (default: %(default)s)'),
+        default=argparse.SUPPRESS,
+        help=_store_help('where the demo writes (default: sqlite:///steps-demo.db)'),
     )
     demo.add_argument(
         '--keep',
         action='store_true',
-        help='add to the store instead of resetting it first (without it, the demo deletes the store it wrote '
-        'last time, and refuses to touch a store holding runs it did not write)',
+        help='add to the store instead of resetting it first (without it, the demo deletes the runs it wrote '
+        'last time, and refuses a store holding runs it did not write)',
     )
     demo.add_argument(
         '--model',
@@ -93,25 +105,39 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument('--conversation', metavar='ID', help='only runs of this conversation_id')
     runs.add_argument('--parent', metavar='RUN', help='only runs delegated by this run (parent_run_id)')
     runs.add_argument('--agent', metavar='NAME', help='only runs of this agent_name')
+    runs.add_argument('--status', choices=['completed', 'failed', 'unfinished'], help='only runs of this status')
+    runs.add_argument('--limit', metavar='N', type=_count, help='only the N newest matching runs')
     runs.set_defaults(handler=_commands.cmd_runs)
 
     tree = add('tree', 'runs nested under the runs that delegated them, with their status', store, listing)
-    tree.add_argument('run', nargs='?', metavar='RUN', help='show only this run and its descendants')
+    tree.add_argument('run', nargs='?', metavar='RUN', help='show only this run and its descendants; ' + RUN_HELP)
     tree.set_defaults(handler=_commands.cmd_tree)
 
-    events = add('events', "a run's event log, in order", store, listing)
-    events.add_argument('run', metavar='RUN')
+    events = add(
+        'events', "a run's event log, in order, with tool arguments and the delegates calls started", store, listing
+    )
+    events.add_argument('run', metavar='RUN', help=RUN_HELP)
     events.set_defaults(handler=_commands.cmd_events)
 
-    effects = add('effects', "a run's tool side-effect ledger (started / completed / failed)", store, listing)
-    effects.add_argument('run', metavar='RUN')
+    effects = add(
+        'effects',
+        "a run's tool side-effect ledger (started / completed / failed), or `effects resolve RUN CALL`",
+        store,
+        listing,
+    )
+    effects.add_argument('target', nargs='+', metavar='RUN', help=RUN_HELP + '; or: resolve RUN CALL')
     effects.add_argument(
         '--unresolved', action='store_true', help='only calls that started and never ended (unknown after a crash)'
     )
+    outcome = effects.add_mutually_exclusive_group()
+    outcome.add_argument('--done', action='store_true', help='resolve: the call had its effect')
+    outcome.add_argument('--not-done', action='store_true', help='resolve: the call did not have its effect')
+    effects.add_argument('--note', metavar='TEXT', help='resolve: what was found, kept with the resolution')
+    effects.add_argument('--by', metavar='WHO', help='resolve: who checked (default: the user running this)')
     effects.set_defaults(handler=_commands.cmd_effects)
 
     snapshot = add('snapshot', "a run's newest continuable snapshot, messages rendered for reading", store, listing)
-    snapshot.add_argument('run', metavar='RUN')
+    snapshot.add_argument('run', metavar='RUN', help=RUN_HELP)
     snapshot.add_argument(
         '--include-interrupted',
         action='store_true',
@@ -124,20 +150,71 @@ def build_parser() -> argparse.ArgumentParser:
     stats.set_defaults(handler=_commands.cmd_stats)
 
     export = add('export', 'a run as JSON lines: run, events, tool effects, every snapshot', store)
-    export.add_argument('run', metavar='RUN')
+    export.add_argument('run', metavar='RUN', help=RUN_HELP)
     export.add_argument('--format', choices=['jsonl'], default='jsonl', help='output format (default: %(default)s)')
     export.add_argument('--output', '-o', metavar='FILE', help='write to FILE instead of stdout')
     export.set_defaults(handler=_commands.cmd_export)
 
     cont = add('continue', 'print the history to continue a run with, as JSON for message_history=', store)
-    cont.add_argument('run', metavar='RUN')
+    cont.add_argument('run', metavar='RUN', help=RUN_HELP)
     cont.add_argument(
         '--include-interrupted',
         action='store_true',
         help='continue from the newest snapshot even if interrupted (check `effects --unresolved` first)',
     )
     cont.set_defaults(handler=_commands.cmd_continue)
+
+    delete = add('delete', 'remove a run (or a conversation) and everything recorded for it', store, confirm)
+    delete.add_argument('run', nargs='?', metavar='RUN', help=RUN_HELP)
+    delete.add_argument('--conversation', metavar='ID', help='remove every run of this conversation_id instead')
+    delete.add_argument('--include-delegates', action='store_true', help='also the runs these runs delegated to')
+    delete.set_defaults(handler=_maintenance.cmd_delete)
+
+    prune = add('prune', 'remove whole runs whose last activity is older than an age', store, confirm)
+    prune.add_argument(
+        '--older-than', metavar='AGE', required=True, type=_age, help='an age such as 30d, 12h, 90m or 2w'
+    )
+    prune.add_argument('--keep-last', metavar='N', type=_count, help='always keep the N newest runs')
+    prune.add_argument(
+        '--status', action='append', choices=['completed', 'failed', 'unfinished'], help='only runs of this status'
+    )
+    prune.set_defaults(handler=_maintenance.cmd_prune)
+
+    gc = add('gc', 'remove media blobs no run references (and give the space back)', store, confirm)
+    gc.add_argument(
+        '--grace',
+        metavar='AGE',
+        type=_age,
+        default=timedelta(hours=1),
+        help='keep blobs put more recently than this (default: 1h): a running writer may be about to reference them',
+    )
+    gc.set_defaults(handler=_maintenance.cmd_gc)
     return parser
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f'expected a whole number >= 0, got {text!r}')
+    return int(text)
+
+
+_UNITS = {'s': 1, 'm': 60, 'h': 3600, 'd': 86400, 'w': 604800}
+
+
+def _age(text: str) -> timedelta:
+    number, unit = text[:-1], text[-1:].lower()
+    if unit not in _UNITS or not number.isdigit():
+        raise argparse.ArgumentTypeError(f'expected an age such as 30d, 12h, 90m, 45s or 2w, got {text!r}')
+    return timedelta(seconds=int(number) * _UNITS[unit])
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version('pydantic-ai-steps')
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return 'unknown'
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,12 +222,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if not getattr(args, 'store', None):
+            args.store = os.environ.get(STORE_VARIABLE) or None
         if args.command == 'demo':
             from ._demo import run_demo
 
-            return run_demo(store=args.store, keep=args.keep, model=args.model, stream=sys.stdout)
-        out = _commands.Output.for_stream(sys.stdout)
-        handler: _commands.Command = args.handler
+            return run_demo(
+                store=args.store or 'sqlite:///steps-demo.db', keep=args.keep, model=args.model, stream=sys.stdout
+            )
+        out = Output.for_stream(sys.stdout)
+        handler: Command = args.handler
         anyio.run(_run_command, handler, args, out)
         sys.stdout.flush()
     except CliError as error:
@@ -173,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-async def _run_command(handler: _commands.Command, args: argparse.Namespace, out: _commands.Output) -> None:
+async def _run_command(handler: Command, args: argparse.Namespace, out: _commands.Output) -> None:
     try:
         await handler(args, out)
     finally:

@@ -8,21 +8,19 @@ has the same shape: resolve the store, read, print.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
-from ..step_persistence import ContinuableSnapshot, continue_run
+from ..step_persistence import ContinuableSnapshot, ToolEffectRecord, continue_run
 from ..store.codec import effect_dict, event_dict, run_dict
-from ..store.protocol import ManagedStepStore
-from ..store.registry import StoreLocation
 from . import _inspect
 from ._errors import CliError
 from ._messages import media_policy, render_messages
+from ._output import Output
 from ._render import (
     STATUS_COLOURS,
     Cell,
@@ -33,49 +31,10 @@ from ._render import (
     printable,
     size,
     table,
-    terminal_safe,
-    terminal_width,
     tree,
     when,
 )
-from ._stores import media_blob_count, open_existing
-
-
-@dataclass
-class Output:
-    """One invocation's context: where a command writes (colour and table width follow the
-    stream), and the stores it opened, which `close` releases when the command ends."""
-
-    stream: TextIO
-    style: Style
-    width: int | None
-    opened: list[ManagedStepStore] = field(default_factory=list['ManagedStepStore'])
-
-    @classmethod
-    def for_stream(cls, stream: TextIO) -> Output:
-        return cls(stream, Style.for_stream(stream), terminal_width(stream))
-
-    def line(self, text: str = '') -> None:
-        """Write `text` and a newline; a control character that reached it unescaped is escaped here."""
-        self.stream.write(terminal_safe(text) + '\n')
-
-    def json(self, value: Any) -> None:
-        self.stream.write(json_printable(json.dumps(value, indent=2, ensure_ascii=False)) + '\n')
-
-    async def open_store(self, args: argparse.Namespace) -> tuple[StoreLocation, ManagedStepStore]:
-        value: str | None = args.store
-        if not value:
-            raise CliError('no store given: pass --store URL (for example --store sqlite:///steps-demo.db)')
-        location, store = await open_existing(value)
-        self.opened.append(store)
-        return location, store
-
-    async def close(self) -> None:
-        while self.opened:
-            await self.opened.pop().aclose()
-
-
-Command = Callable[[argparse.Namespace, Output], Awaitable[None]]
+from ._stores import media_blob_count
 
 
 def summary_dict(summary: _inspect.RunSummary) -> dict[str, Any]:
@@ -115,13 +74,16 @@ async def cmd_runs(args: argparse.Namespace, out: Output) -> None:
             conversation_id=args.conversation,
             parent_run_id=args.parent,
             agent_name=args.agent,
+            status=args.status,
+            limit=args.limit,
             progress=progress,
         )
     if args.json:
         out.json([summary_dict(summary) for summary in summaries])
         return
     if not summaries:
-        out.line('no runs match' if (args.conversation or args.parent or args.agent) else 'the store has no runs')
+        filtered = args.conversation or args.parent or args.agent or args.status or args.limit is not None
+        out.line('no runs match' if filtered else 'the store has no runs')
         return
     rows: list[list[Cell]] = [
         [
@@ -142,10 +104,11 @@ async def cmd_runs(args: argparse.Namespace, out: Output) -> None:
 async def cmd_tree(args: argparse.Namespace, out: Output) -> None:
     """Runs under the runs that delegated them (`parent_run_id`), with status and open effects."""
     location, store = await out.open_store(args)
+    root = None
     if args.run is not None:
-        await _inspect.require_run(store, args.run, location.url)
+        root, _ = await _inspect.resolve_run(store, args.run, location.url)
     with ProgressLine('reading runs') as progress:
-        roots = await _inspect.run_tree(store, root_run_id=args.run, progress=progress)
+        roots = await _inspect.run_tree(store, root_run_id=root, progress=progress)
     if args.json:
         out.json([_tree_dict(root) for root in roots])
         return
@@ -169,6 +132,9 @@ def tree_node(summary: _inspect.RunSummary, style: Style) -> TreeNode:
     ]
     if record.conversation_id:
         parts.append(style(f'conversation {printable(record.conversation_id)}', 'dim'))
+    for kind, origin in (('continued from', record.continued_from), ('forked from', record.forked_from)):
+        if origin is not None:
+            parts.append(style(f'{kind} {printable(origin.run_id)} (snapshot {origin.seq})', 'magenta'))
     if summary.unresolved_effects:
         count = summary.unresolved_effects
         parts.append(style(f'{count} unresolved tool effect' + ('' if count == 1 else 's'), 'yellow', 'bold'))
@@ -177,19 +143,25 @@ def tree_node(summary: _inspect.RunSummary, style: Style) -> TreeNode:
 
 
 async def cmd_events(args: argparse.Namespace, out: Output) -> None:
-    """A run's event log in append order."""
-    location, store = await out.open_store(args)
-    await _inspect.require_run(store, args.run, location.url)
-    events = await store.list_events(run_id=args.run)
+    """A run's event log in append order, with each call's arguments and the delegates it started."""
+    _, store, run_id = await out.open_run(args)
+    events = await store.list_events(run_id=run_id)
+    children: dict[str, list[str]] = {}
+    for child in await store.list_runs(parent_run_id=run_id):
+        if child.parent_tool_call_id is not None:
+            children.setdefault(child.parent_tool_call_id, []).append(child.run_id)
     if args.json:
-        out.json([event_dict(event) for event in events])
+        out.json(
+            [{**event_dict(event), 'child_run_ids': children.get(event.tool_call_id or '', [])} for event in events]
+        )
         return
     if not events:
-        out.line(f'run {printable(args.run)} has no events')
+        out.line(f'run {printable(run_id)} has no events')
         return
     rows: list[list[Cell]] = []
     for index, event in enumerate(events, start=1):
         colour = 'red' if event.kind.endswith('_failed') else 'green' if event.kind.endswith('_completed') else ''
+        started = event.kind == 'tool_call_started'
         rows.append(
             [
                 str(index),
@@ -198,10 +170,12 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> None:
                 (event.kind, colour),
                 event.tool_name or '',
                 event.tool_call_id or '',
+                event.tool_args or '' if started else '',
+                ', '.join(children.get(event.tool_call_id or '', [])) if started else '',
                 (event.error or '', 'red'),
             ]
         )
-    headers = ['#', 'TIME (UTC)', 'STEP', 'KIND', 'TOOL', 'TOOL CALL', 'ERROR']
+    headers = ['#', 'TIME (UTC)', 'STEP', 'KIND', 'TOOL', 'TOOL CALL', 'ARGUMENTS', 'DELEGATED TO', 'ERROR']
     out.line(table(headers, rows, out.style, width=out.width))
     last = events[-1].kind
     if last not in ('run_completed', 'run_failed'):
@@ -212,16 +186,27 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> None:
 
 
 async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
-    """The tool side-effect ledger of a run; `started` entries are the ones recovery must decide."""
-    location, store = await out.open_store(args)
-    await _inspect.require_run(store, args.run, location.url)
-    effects = await _inspect.tool_effects(store, args.run, unresolved_only=args.unresolved)
+    """The tool side-effect ledger of a run; `started` entries are the ones recovery must decide.
+
+    `effects resolve RUN CALL --done|--not-done [--note TEXT]` records what checking such a call found.
+    """
+    target: list[str] = args.target
+    if target[0] == 'resolve':
+        await _resolve_effect(args, out, target[1:])
+        return
+    if len(target) != 1:
+        raise CliError(f'effects takes one RUN (or: resolve RUN CALL), got {" ".join(target)!r}')
+    if args.done or args.not_done or args.note or args.by:
+        raise CliError('--done, --not-done, --note and --by go with `effects resolve RUN CALL`')
+    args.run = target[0]
+    _, store, run_id = await out.open_run(args)
+    effects = await _inspect.tool_effects(store, run_id, unresolved_only=args.unresolved)
     if args.json:
-        out.json([{**effect_dict(effect), 'unresolved': effect.status == 'started'} for effect in effects])
+        out.json([{**effect_dict(effect), 'unresolved': effect.unresolved} for effect in effects])
         return
     if not effects:
         out.line(
-            f'run {printable(args.run)} has no ' + ('unresolved tool effects' if args.unresolved else 'tool effects')
+            f'run {printable(run_id)} has no ' + ('unresolved tool effects' if args.unresolved else 'tool effects')
         )
         return
     rows: list[list[Cell]] = [
@@ -233,35 +218,65 @@ async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
             when(effect.ended_at),
             effect.idempotency_key or '-',
             effect.effect_summary or '-',
+            _resolution(effect),
         ]
         for effect in effects
     ]
-    headers = ['TOOL CALL', 'TOOL', 'STATUS', 'STARTED (UTC)', 'ENDED (UTC)', 'IDEMPOTENCY KEY', 'SUMMARY']
+    headers = ['TOOL CALL', 'TOOL', 'STATUS', 'STARTED (UTC)', 'ENDED (UTC)', 'IDEMPOTENCY KEY', 'SUMMARY', 'RESOLVED']
     out.line(table(headers, rows, out.style, width=out.width))
-    if any(effect.status == 'started' for effect in effects):
+    if any(effect.unresolved for effect in effects):
         out.line(
             out.style('started', 'yellow')
             + ' with no end: if the run is dead, the side effect may or may not have happened'
-            ' (unknown after crash). Check its idempotency key against the system it writes to before redoing it.'
+            ' (unknown after crash). Check its idempotency key against the system it writes to before redoing it,'
+            ' then record what you found: `effects resolve RUN CALL --done|--not-done`.'
         )
+
+
+def _resolution(effect: ToolEffectRecord) -> Cell:
+    if effect.resolution is None:
+        return '-'
+    text = f'{effect.resolution.replace("_", " ")} ({effect.resolved_by or "?"}, {when(effect.resolved_at)})'
+    if effect.resolution_note:
+        text += f': {effect.resolution_note}'
+    return (text, 'green')
+
+
+async def _resolve_effect(args: argparse.Namespace, out: Output, target: list[str]) -> None:
+    if len(target) != 2:
+        raise CliError(f'effects resolve takes RUN CALL, got {" ".join(target)!r}')
+    if not (args.done or args.not_done):
+        raise CliError('effects resolve needs --done (the effect happened) or --not-done (it did not)')
+    args.run = target[0]
+    _, store, run_id = await out.open_run(args)
+    by = args.by or getpass.getuser()
+    try:
+        record = await store.resolve_tool_effect(
+            run_id=run_id, tool_call_id=target[1], outcome='done' if args.done else 'not_done', by=by, note=args.note
+        )
+    except (LookupError, ValueError) as error:
+        raise CliError(str(error).strip('"')) from None
+    if args.json:
+        out.json(effect_dict(record))
+        return
+    out.line(f'{printable(record.tool_call_id)} of run {printable(run_id)}: resolved {_resolution(record)[0]}')
 
 
 async def cmd_snapshot(args: argparse.Namespace, out: Output) -> None:
     """The newest continuable snapshot of a run, messages rendered for reading."""
-    location, store = await out.open_store(args)
-    await _inspect.require_run(store, args.run, location.url)
-    snapshot = await store.latest_snapshot(run_id=args.run, include_interrupted=args.include_interrupted)
+    _, store, run_id = await out.open_run(args)
+    snapshot = await store.latest_snapshot(run_id=run_id, include_interrupted=args.include_interrupted)
     if snapshot is None:
         hint = '' if args.include_interrupted else ' (--include-interrupted also considers interrupted ones)'
         kind = 'snapshot' if args.include_interrupted else 'complete snapshot'
-        raise CliError(f'run {args.run!r} has no {kind}{hint}')
+        raise CliError(f'run {run_id!r} has no {kind}{hint}')
     if args.json:
         out.json(snapshot_dict(snapshot))
         return
     style = out.style
     count = len(snapshot.messages)
     out.line(
-        style(f'run {printable(args.run)}', 'bold')
+        style(f'run {printable(run_id)}', 'bold')
         + f'  snapshot at step {snapshot.step_index}  '
         + style(snapshot.state, STATUS_COLOURS[snapshot.state])
         + f'  {when(snapshot.timestamp)} UTC  {count} message'
@@ -314,29 +329,29 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
     "event")'` and friends work without knowing the order.
     """
     location, store = await out.open_store(args)
-    record = await _inspect.require_run(store, args.run, location.url)
+    run_id, record = await _inspect.resolve_run(store, args.run, location.url)
     # A blocking file in an async command is fine here: the CLI runs nothing else concurrently.
     target = open(args.output, 'w', encoding='utf-8') if args.output else None  # noqa: SIM115, ASYNC230
     stream = target if target is not None else out.stream
     try:
-        with ProgressLine(f'exporting {args.run}') as progress:
+        with ProgressLine(f'exporting {run_id}') as progress:
             if record is not None:
                 _jsonl(stream, {'type': 'run', **run_dict(record)})
             progress(1, 4)
-            for event in await store.list_events(run_id=args.run):
+            for event in await store.list_events(run_id=run_id):
                 _jsonl(stream, {'type': 'event', **event_dict(event)})
             progress(2, 4)
-            for effect in await _inspect.tool_effects(store, args.run, unresolved_only=False):
+            for effect in await _inspect.tool_effects(store, run_id, unresolved_only=False):
                 _jsonl(stream, {'type': 'tool_effect', **effect_dict(effect)})
             progress(3, 4)
-            for snapshot in await store.list_snapshots(run_id=args.run, include_interrupted=True):
+            for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
                 _jsonl(stream, {'type': 'snapshot', **snapshot_dict(snapshot)})
             progress(4, 4)
     finally:
         if target is not None:
             target.close()
     if target is not None:
-        sys.stderr.write(f'exported run {args.run} to {args.output}\n')
+        sys.stderr.write(f'exported run {printable(run_id)} to {printable(args.output)}\n')
 
 
 def _jsonl(stream: TextIO, value: dict[str, Any]) -> None:
@@ -345,10 +360,9 @@ def _jsonl(stream: TextIO, value: dict[str, Any]) -> None:
 
 async def cmd_continue(args: argparse.Namespace, out: Output) -> None:
     """The history to continue a run with, as JSON for `ModelMessagesTypeAdapter.validate_json`."""
-    location, store = await out.open_store(args)
-    await _inspect.require_run(store, args.run, location.url)
+    _, store, run_id = await out.open_run(args)
     try:
-        history = await continue_run(store, run_id=args.run, include_interrupted=args.include_interrupted)
+        history = await continue_run(store, run_id=run_id, include_interrupted=args.include_interrupted)
     except LookupError as error:
         hint = '' if args.include_interrupted else ' (--include-interrupted also considers interrupted ones)'
         raise CliError(f'{error}{hint}') from None

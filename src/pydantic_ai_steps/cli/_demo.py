@@ -53,10 +53,9 @@ from ._demo_story import (
 )
 from ._errors import CliError
 from ._render import Style, terminal_width, tree
-from ._stores import locate
+from ._stores import STORE_VARIABLE, locate
 
 PROG = 'pydantic-ai-steps'
-STORE_VARIABLE = 'PYDANTIC_AI_STEPS_STORE'
 WORKER_TIMEOUT_SECONDS = 120.0
 """Upper bound on the child process: a wedged worker must fail the demo, not hang it."""
 
@@ -271,6 +270,19 @@ class _Demo:
                 '(Had it been unsafe to repeat, fork_run would start a fresh branch from the same snapshot.)'
             )
         out.step(f'The orchestrator looked the key up in the issue tracker ({self.outbox.path.name}): {decision}')
+        for effect in inspection.unresolved:
+            await store.resolve_tool_effect(
+                run_id=crashed,
+                tool_call_id=effect.tool_call_id,
+                outcome='done' if effect.idempotency_key in posted else 'not_done',
+                by='orchestrator',
+                note=f'checked {self.outbox.path.name} for its idempotency key',
+            )
+        out.detail(
+            'It recorded what it found on the ledger entry (resolve_tool_effect), so the crashed run no longer '
+            'reports it as unknown; the entry itself still says started, as the crash left it.'
+        )
+        self.cmd(f'effects {crashed}', 'the RESOLVED column; by hand: effects resolve RUN CALL --not-done')
 
         settled = inspection.settled
         if settled is None:

@@ -79,12 +79,21 @@ async def list_summaries(
     conversation_id: str | None = None,
     parent_run_id: str | None = None,
     agent_name: str | None = None,
+    status: RunStatus | None = None,
+    limit: int | None = None,
     progress: Progress = _no_progress,
 ) -> list[RunSummary]:
-    """Runs matching every given filter, oldest first (the store's `list_runs` order)."""
-    records = await store.list_runs(conversation_id=conversation_id, parent_run_id=parent_run_id)
-    if agent_name is not None:
-        records = [record for record in records if record.agent_name == agent_name]
+    """Runs matching every given filter, oldest first; with `limit`, the newest `limit` of them."""
+    records = await store.list_runs(
+        conversation_id=conversation_id,
+        parent_run_id=parent_run_id,
+        agent_name=agent_name,
+        status=status,
+        newest_first=limit is not None,
+        limit=limit,
+    )
+    if limit is not None:
+        records.reverse()
     summaries: list[RunSummary] = []
     for record in records:
         summaries.append(await summarize(store, record))
@@ -102,6 +111,20 @@ async def require_run(store: ManagedStepStore, run_id: str, store_url: str) -> R
     if record is None and not await store.list_events(run_id=run_id):
         raise CliError(f'no run {run_id!r} in {store_url} (`pydantic-ai-steps runs --store {store_url}` lists them)')
     return record
+
+
+async def resolve_run(store: ManagedStepStore, text: str, store_url: str) -> tuple[str, RunRecord | None]:
+    """The run `text` names: its id, or a prefix of exactly one id (an ambiguous one lists its matches)."""
+    record = await store.get_run(run_id=text)
+    if record is not None or await store.list_events(run_id=text):
+        return text, record
+    matches = [run for run in await store.list_runs() if run.run_id.startswith(text)]
+    if len(matches) == 1:
+        return matches[0].run_id, matches[0]
+    if len(matches) > 1:
+        shown = ', '.join(run.run_id for run in matches[:8]) + (', ...' if len(matches) > 8 else '')
+        raise CliError(f'{text!r} is the start of {len(matches)} run ids: {shown}; give more of it')
+    raise CliError(f'no run {text!r} in {store_url} (`pydantic-ai-steps runs --store {store_url}` lists them)')
 
 
 async def run_tree(

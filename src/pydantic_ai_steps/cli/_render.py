@@ -231,12 +231,12 @@ def terminal_width(stream: TextIO) -> int | None:
 
 
 def when(moment: datetime | None) -> str:
-    """A UTC timestamp to the second: sortable, and the same on every machine."""
+    """A UTC timestamp to the millisecond: sortable, and the same on every machine."""
     if moment is None:
         return '-'
     if moment.tzinfo is not None:
         moment = moment.astimezone(UTC)
-    return moment.strftime('%Y-%m-%d %H:%M:%S')
+    return moment.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]
 
 
 def size(count: int) -> str:

@@ -9,7 +9,10 @@ from ..store.protocol import ManagedStepStore
 from ..store.registry import StoreLocation, StoreUrlError, resolve, schemes_help
 from ._errors import CliError
 
-__all__ = ['locate', 'media_blob_count', 'open_existing', 'schemes_help']
+__all__ = ['STORE_VARIABLE', 'locate', 'media_blob_count', 'open_existing', 'schemes_help']
+
+STORE_VARIABLE = 'PYDANTIC_AI_STEPS_STORE'
+"""The environment variable naming the store a command reads when `--store` is not given."""
 
 
 def locate(value: str) -> StoreLocation:

@@ -1,0 +1,117 @@
+"""The commands that remove: `delete`, `prune`, `gc`. Each shows what it would remove, removes it only
+with `--yes` (never with `--dry-run`), and says what went: runs, bytes, blobs."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+
+from ..store.maintenance import GarbageResult
+from ..store.protocol import ManagedStepStore
+from . import _inspect
+from ._errors import CliError
+from ._output import Output
+from ._render import printable, size
+
+
+async def cmd_delete(args: argparse.Namespace, out: Output) -> None:
+    """Remove one run (or every run of a conversation) with its events, snapshots, ledger and log."""
+    if (args.run is None) == (args.conversation is None):
+        raise CliError('delete takes a RUN or --conversation ID (one of them)')
+    location, store = await out.open_store(args)
+    if args.run is not None:
+        run_id, _ = await _inspect.resolve_run(store, args.run, location.url)
+        targets = [run_id]
+    else:
+        targets = [run.run_id for run in await store.list_runs(conversation_id=args.conversation)]
+        if not targets:
+            raise CliError(f'no run of conversation {args.conversation!r} in {location.url}')
+    planned = await _with_delegates(store, targets) if args.include_delegates else targets
+    if _planning(args, out, planned, 'delete'):
+        return
+    before = await _size(store)
+    removed: list[str] = []
+    for run_id in targets:
+        removed += await store.delete_run(run_id, include_delegates=args.include_delegates)
+    await _report(out, store, removed, before)
+
+
+async def cmd_prune(args: argparse.Namespace, out: Output) -> None:
+    """Remove whole runs whose last activity is older than `--older-than`."""
+    _, store = await out.open_store(args)
+    age: timedelta = args.older_than
+    plan = await store.prune(older_than=age, keep_last=args.keep_last, status=args.status, dry_run=True)
+    if _planning(args, out, plan.run_ids, f'prune (last activity before {plan.cutoff:%Y-%m-%d %H:%M} UTC)'):
+        return
+    before = await _size(store)
+    done = await store.prune(older_than=age, keep_last=args.keep_last, status=args.status)
+    await _report(out, store, done.run_ids, before)
+
+
+async def cmd_gc(args: argparse.Namespace, out: Output) -> None:
+    """Remove media blobs no run references and nothing has put within `--grace`."""
+    _, store = await out.open_store(args)
+    if store.media_store is None:
+        out.line('this store keeps media inline: there are no blobs to collect')
+        return
+    plan = await store.collect_garbage(grace=args.grace, dry_run=True)
+    if args.dry_run or not args.yes:
+        out.line(_garbage_line(plan, 'would remove'))
+        if not args.dry_run:
+            raise CliError('nothing removed: pass --yes to remove them (or --dry-run to only look)')
+        return
+    before = await _size(store)
+    done = await store.collect_garbage(grace=args.grace)
+    out.line(_garbage_line(done, 'removed'))
+    after = await _size(store)
+    if before is not None and after is not None:
+        out.line(f'store size: {size(before)} -> {size(after)}')
+
+
+def _planning(args: argparse.Namespace, out: Output, run_ids: list[str], action: str) -> bool:
+    """Show the plan; `True` when nothing is to be removed now (a dry run, or no `--yes`)."""
+    count = len(run_ids)
+    shown = ', '.join(printable(run_id) for run_id in run_ids[:10]) + (', ...' if count > 10 else '')
+    if args.dry_run or not args.yes:
+        out.line(f'{action} would remove {count} run' + ('' if count == 1 else 's') + (f': {shown}' if count else ''))
+        if not args.dry_run and count:
+            raise CliError('nothing removed: pass --yes to remove them (or --dry-run to only look)')
+        return True
+    return False
+
+
+async def _report(out: Output, store: ManagedStepStore, removed: list[str], before: int | None) -> None:
+    count = len(removed)
+    out.line(
+        f'removed {count} run'
+        + ('' if count == 1 else 's')
+        + (f': {", ".join(map(printable, removed[:10]))}' if count else '')
+    )
+    after = await _size(store)
+    if before is not None and after is not None:
+        out.line(f'store size: {size(before)} -> {size(after)} (media stays until `gc`)')
+
+
+def _garbage_line(result: GarbageResult, verb: str) -> str:
+    count = len(result.blobs)
+    return (
+        f'{verb} {count} blob'
+        + ('' if count == 1 else 's')
+        + f' ({size(result.bytes)}); kept {result.kept_referenced} '
+        f'referenced and {result.kept_recent} put within the grace period'
+    )
+
+
+async def _with_delegates(store: ManagedStepStore, run_ids: list[str]) -> list[str]:
+    found = dict.fromkeys(run_ids)
+    frontier = list(run_ids)
+    while frontier:
+        for child in await store.list_runs(parent_run_id=frontier.pop()):
+            if child.run_id not in found:
+                found[child.run_id] = None
+                frontier.append(child.run_id)
+    return list(found)
+
+
+async def _size(store: ManagedStepStore) -> int | None:
+    return (await store.probe()).size_bytes

@@ -1,0 +1,127 @@
+"""What a user reaches for after a crash: --store anywhere or from the environment, id prefixes,
+filters, tool arguments and delegates in the log, resolving an unknown effect, and removing runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from pydantic_ai_steps.cli._app import build_parser
+
+from .conftest import PopulatedStore, open_store, populate_and_close, run_cli_inprocess
+
+
+def ok(*args: str, **env: str | None) -> str:
+    result = run_cli_inprocess(*args, **env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_store_before_or_after_the_command_or_from_the_environment(populated: PopulatedStore) -> None:
+    after = ok('runs', '--json', '--store', populated.url)
+    assert ok('--store', populated.url, 'runs', '--json') == after
+    assert ok('runs', '--json', PYDANTIC_AI_STEPS_STORE=populated.url) == after
+    elsewhere = ok('--store', 'sqlite:///nowhere.db', 'runs', '--json', '--store', populated.url)
+    assert elsewhere == after  # the one after the command wins
+
+
+def test_version_and_help_for_every_argument() -> None:
+    result = run_cli_inprocess('--version')
+    assert result.returncode == 0 and result.stdout.startswith('pydantic-ai-steps ')
+    parser = build_parser()
+    subparsers = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))  # pyright: ignore[reportPrivateUsage]
+    for name, command in subparsers.choices.items():
+        for action in command._actions:  # pyright: ignore[reportPrivateUsage]
+            assert action.help, f'{name} {action.dest} has no help text'
+
+
+def test_a_unique_prefix_names_a_run_and_an_ambiguous_one_lists_them(populated: PopulatedStore) -> None:
+    runs = populated.runs
+    full = json.loads(ok('events', runs.librarian, '--json', '--store', populated.url))
+    assert json.loads(ok('events', runs.librarian[:-3], '--json', '--store', populated.url)) == full
+    ambiguous = run_cli_inprocess('events', 'c', '--store', populated.url)  # crashed-1, code_librarian-...
+    assert ambiguous.returncode == 1
+    assert "'c' is the start of 2 run ids" in ambiguous.stderr and runs.crashed in ambiguous.stderr
+
+
+def test_runs_filters_and_limit(populated: PopulatedStore) -> None:
+    def ids(*options: str) -> list[str]:
+        return [run['run_id'] for run in json.loads(ok('runs', '--json', '--store', populated.url, *options))]
+
+    runs = populated.runs
+    assert ids('--status', 'failed') == [runs.failed]
+    assert ids('--status', 'unfinished') == [runs.crashed]
+    assert runs.orchestrator in ids('--status', 'completed')
+    assert ids('--agent', 'deployer') == [runs.crashed]
+    every = ids()
+    assert ids('--limit', '2') == every[-2:]  # the newest two, still oldest first
+    assert run_cli_inprocess('runs', '--limit', 'two', '--store', populated.url).returncode == 2
+
+
+def test_events_show_tool_arguments_and_the_delegate_a_call_started(populated: PopulatedStore) -> None:
+    runs = populated.runs
+    events = json.loads(ok('events', runs.orchestrator, '--json', '--store', populated.url))
+    (started,) = [event for event in events if event['kind'] == 'tool_call_started']
+    assert started['tool_args'] and json.loads(started['tool_args'])
+    assert started['child_run_ids'] == [runs.librarian]
+    table = ok('events', runs.orchestrator, '--store', populated.url)
+    assert 'ARGUMENTS' in table and 'DELEGATED TO' in table and runs.librarian in table
+
+
+def test_resolving_an_unknown_effect(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    (effect,) = json.loads(ok('effects', runs.crashed, '--unresolved', '--json', '--store', url))
+    refused = run_cli_inprocess('effects', 'resolve', runs.crashed, effect['tool_call_id'], '--store', url)
+    assert refused.returncode == 1 and '--done' in refused.stderr
+    said = ok(
+        'effects',
+        'resolve',
+        runs.crashed,
+        effect['tool_call_id'],
+        '--not-done',
+        '--note',
+        'not in the tracker',
+        '--by',
+        'ops',
+        '--store',
+        url,
+    )
+    assert 'resolved not done (ops' in said
+    assert json.loads(ok('effects', runs.crashed, '--unresolved', '--json', '--store', url)) == []
+    assert 'not in the tracker' in ok('effects', runs.crashed, '--store', url)
+    stats = json.loads(ok('stats', '--json', '--store', url))
+    assert stats['unresolved_effects'] == 0
+    assert '1 unresolved tool effect' not in ok('tree', '--store', url)
+
+
+def test_delete_prune_and_gc_show_before_they_remove(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    refused = run_cli_inprocess('delete', runs.failed, '--store', url)
+    assert refused.returncode == 1 and 'pass --yes' in refused.stderr
+    assert 'would remove 1 run: ' + runs.failed in refused.stdout
+    assert runs.failed in ok('runs', '--store', url)  # nothing removed
+    assert 'would remove 1 run' in ok('delete', runs.failed, '--dry-run', '--store', url)
+    removed = ok('delete', runs.failed, '--yes', '--store', url)
+    assert f'removed 1 run: {runs.failed}' in removed and 'store size:' in removed
+    assert runs.failed not in ok('runs', '--store', url)
+    both = ok('delete', '--conversation', 'conv-orch', '--include-delegates', '--yes', '--store', url)
+    assert 'removed 2 runs' in both and runs.librarian in both
+    pruned = ok('prune', '--older-than', '30d', '--dry-run', '--store', url)
+    assert 'would remove' in pruned and runs.crashed in pruned  # written with a timestamp of 2026-01-02
+    assert 'removed' in ok('prune', '--older-than', '30d', '--yes', '--store', url)
+    bad = run_cli_inprocess('prune', '--older-than', 'a month', '--store', url)
+    assert bad.returncode == 2 and 'expected an age such as 30d' in bad.stderr
+    collected = ok('gc', '--grace', '0s', '--yes', '--store', url)
+    assert 'removed' in collected and 'blob' in collected
+
+
+@pytest.mark.parametrize('command', [['delete', 'x'], ['prune', '--older-than', '1d'], ['gc']])
+def test_removing_commands_need_a_store(command: list[str]) -> None:
+    result = run_cli_inprocess(*command, PYDANTIC_AI_STEPS_STORE=None)
+    assert result.returncode == 1 and 'no store given' in result.stderr
