@@ -11,17 +11,31 @@ from collections.abc import Generator
 from pathlib import Path
 
 
-def create_private_file(path: Path) -> None:
-    """Create `path` readable by its owner only, if it does not exist, before SQLite opens it.
+def open_database(database: str, *, durable: bool, timeout: float) -> sqlite3.Connection:
+    """A store's own connection to a database file, set up the same way by both SQLite stores.
 
-    SQLite creates its `-wal` and `-shm` files with the database file's permissions, so the
-    whole database stays owner-only: it holds prompts and tool results.
+    A new file is created readable by its owner only (SQLite gives its `-wal` and `-shm` files the
+    database's permissions: the whole database holds prompts and tool results), with incremental
+    auto-vacuum, so deleting runs can give space back (that can only be chosen before the journal
+    mode and the first table). Then WAL, and `synchronous` by `durable`.
     """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0), 0o600)
-    except FileExistsError:
-        return
-    os.close(fd)
+    new = False
+    if database != ':memory:' and not database.startswith('file:'):
+        path = Path(database)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0), 0o600)
+        except FileExistsError:
+            new = os.path.getsize(path) == 0
+        else:
+            os.close(fd)
+            new = True
+    connection = sqlite3.connect(database, isolation_level=None, check_same_thread=False, timeout=timeout)
+    if new:
+        connection.execute('PRAGMA auto_vacuum = INCREMENTAL')
+    enable_wal(connection)
+    connection.execute(f'PRAGMA synchronous={"FULL" if durable else "NORMAL"}')
+    return connection
 
 
 def require_cross_thread_use(connection: sqlite3.Connection, owner: str) -> None:

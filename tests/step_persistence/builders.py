@@ -14,5 +14,5 @@ def snap(run_id: str, messages: list[ModelMessage], step: int = 1, **fields: Any
     return ContinuableSnapshot(run_id=run_id, step_index=step, messages=messages, timestamp=T0, **fields)
 
 
-def history(cycles: int) -> list[ModelMessage]:
-    return [message for index in range(cycles) for message in tool_cycle(f'c{index}', f'q{index}')]
+def history(cycles: int, payload: str = '') -> list[ModelMessage]:
+    return [message for index in range(cycles) for message in tool_cycle(f'c{index}', f'q{index}{payload}')]

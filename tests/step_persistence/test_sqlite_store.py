@@ -375,3 +375,30 @@ async def test_shared_connection_with_media_under_concurrent_runs(tmp_path: Path
     assert not conn.in_transaction
     store.close()
     conn.close()
+
+
+# --- disk that comes back -------------------------------------------------------------------------
+
+
+async def test_deleting_half_the_runs_gives_their_space_back(tmp_path: Path) -> None:
+    import os
+
+    database = tmp_path / 's.db'
+    store = SqliteStepStore(database=database, media_store=None)
+    for index in range(60):
+        await store.register_run(RunRecord(run_id=f'r{index}'))
+        for step in range(1, 6):
+            await store.save_snapshot(snap(f'r{index}', history(step, payload='x' * 3000), step))
+    await store.aclose()
+
+    def size() -> int:
+        return sum(os.path.getsize(path) for path in tmp_path.iterdir() if not path.name.endswith('-shm'))
+
+    before = size()
+    assert query(database, 'PRAGMA auto_vacuum') == [(2,)]  # incremental, chosen when the file was made
+    reopened = SqliteStepStore(database=database, media_store=None)
+    for index in range(30):
+        await reopened.delete_run(f'r{index}')
+    await reopened.aclose()
+    assert size() <= 0.6 * before
+    assert query(database, 'PRAGMA freelist_count') == [(0,)]

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from ...._errors import RunAlreadyExistsError, RunNotFoundError
 from ...._records import RunQuery
-from ...._sqlite import BackgroundCheckpointer, create_private_file, enable_wal, write_transaction
+from ...._sqlite import BackgroundCheckpointer, enable_wal, open_database, write_transaction
 from ...backend import STALE, SUPPRESSED, CommitOutcome, LogEntry, LogSlice, Probe, Row, SnapshotRow, WriteBatch
 from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RUN_FIELDS, SNAPSHOT_FIELDS, TEXT
 from .._offload import WouldBlock, acquire, may_wait, run_blocking, run_soon
@@ -195,7 +195,8 @@ class SqliteBackend:
             if conn.in_transaction:
                 return  # a caller's transaction: its space comes back when it vacuums
             if conn.execute('PRAGMA auto_vacuum').fetchone()[0] == 2:  # INCREMENTAL
-                conn.execute('PRAGMA incremental_vacuum').fetchall()
+                # `execute` steps the pragma once, which frees one page; a script runs it to the end.
+                conn.executescript('PRAGMA incremental_vacuum;')
             if self._checkpointer is not None:
                 self._checkpointer.wait()
                 conn.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchall()
@@ -471,15 +472,7 @@ class SqliteBackend:
         conn = self._connection
         if conn is None:
             assert self._database is not None
-            if self._database != _MEMORY and not self._database.startswith('file:'):
-                path = Path(self._database)
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                create_private_file(path)
-            conn = sqlite3.connect(
-                self._database, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
-            )
-            enable_wal(conn)
-            conn.execute(f'PRAGMA synchronous={"FULL" if self.durable else "NORMAL"}')
+            conn = open_database(self._database, durable=self.durable, timeout=_BUSY_TIMEOUT_MS / 1000)
             conn.execute(f'PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}')
             # Checkpoints flush to disk: they run on a thread of their own every
             # `_CHECKPOINT_EVERY` commits, never inside a commit (see `BackgroundCheckpointer`).

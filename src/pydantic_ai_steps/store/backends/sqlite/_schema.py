@@ -124,8 +124,6 @@ def migrate(conn: sqlite3.Connection) -> None:
     """Bring the database to `SCHEMA_VERSION`. Call inside a write transaction that re-checked the version."""
     version = schema_version(conn)
     check_readable(version)
-    if version == 0 and not _tables(conn):
-        conn.execute('PRAGMA auto_vacuum = INCREMENTAL')  # only takes effect before the first table
     for target in range(version + 1, SCHEMA_VERSION + 1):
         _MIGRATIONS[target](conn)
         conn.execute('INSERT INTO schema_version (version) VALUES (?)', (target,))
