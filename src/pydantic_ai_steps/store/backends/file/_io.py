@@ -129,15 +129,7 @@ def write_exclusive(target: Path, data: bytes, durable: bool, *, sync_dir: bool 
     name: readers see the whole file or none of it, and `link` refuses an existing name (unlike
     `rename`), which is what makes registration and seq allocation exclusive across processes.
     """
-    temp = target.with_name(f'{target.name}.{uuid.uuid4().hex}.tmp')
-    try:
-        fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            write_all(fd, data)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+    with _temporary(target, data, durable) as temp:
         try:
             os.link(temp, target, follow_symlinks=False)
         except FileExistsError:
@@ -145,46 +137,45 @@ def write_exclusive(target: Path, data: bytes, durable: bool, *, sync_dir: bool 
         except OSError as error:
             if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
                 raise
-            return _create_exclusive(target, data, durable)  # a file system without hard links
-        if durable and sync_dir:
-            fsync_dir(target.parent)
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
+            try:  # a file system without hard links: create the name itself, exclusively
+                _write_new(target, data, durable)
+            except FileExistsError:
+                return False
+            return True
+    if durable and sync_dir:
+        fsync_dir(target.parent)
+    return True
 
 
 def replace_file(target: Path, data: bytes, durable: bool) -> None:
     """Write `target` atomically, replacing what is there (temp file + rename)."""
+    with _temporary(target, data, durable) as temp:
+        os.replace(temp, target)
+    if durable:
+        fsync_dir(target.parent)
+
+
+@contextmanager
+def _temporary(target: Path, data: bytes, durable: bool) -> Generator[Path]:
+    """`data` in a fresh temporary file beside `target`, removed afterwards unless moved into place."""
     temp = target.with_name(f'{target.name}.{uuid.uuid4().hex}.tmp')
     try:
-        fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            write_all(fd, data)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, target)
-        if durable:
-            fsync_dir(target.parent)
+        _write_new(temp, data, durable)
+        yield temp
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
 
 
-def _create_exclusive(target: Path, data: bytes, durable: bool) -> bool:
-    try:
-        fd = open_file(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    except FileExistsError:
-        return False
+def _write_new(path: Path, data: bytes, durable: bool) -> None:
+    """Create `path` (it must not exist: `FileExistsError`), owner-only, holding `data`."""
+    fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         write_all(fd, data)
         if durable:
             os.fsync(fd)
     finally:
         os.close(fd)
-    return True
 
 
 def read_at(fd: int, size: int, offset: int) -> bytes:

@@ -154,16 +154,7 @@ class SqliteBackend:
         return log_size
 
     async def delete_snapshots(self, run_id: str, seqs: Sequence[int]) -> None:
-        def delete(conn: sqlite3.Connection) -> None:
-            with self._write(conn, immediate=True):
-                for start in range(0, len(seqs), _CHUNK):
-                    chunk = list(seqs[start : start + _CHUNK])
-                    conn.execute(
-                        f'DELETE FROM snapshots WHERE run_id = ? AND seq IN ({", ".join("?" * len(chunk))})',
-                        (run_id, *chunk),
-                    )
-
-        await self._run(delete, write=True)
+        await self._run(lambda conn: self._delete_rows(conn, 'snapshots', 'seq', run_id, seqs), write=True)
 
     async def delete_runs(self, run_ids: Sequence[str]) -> list[str]:
         def delete(conn: sqlite3.Connection) -> list[str]:
@@ -179,16 +170,19 @@ class SqliteBackend:
         return await self._run(delete, write=True, inline=False)
 
     async def delete_log_entries(self, run_id: str, indices: Sequence[int]) -> None:
-        def delete(conn: sqlite3.Connection) -> None:
-            with self._write(conn, immediate=True):
-                for start in range(0, len(indices), _CHUNK):
-                    chunk = list(indices[start : start + _CHUNK])
-                    conn.execute(
-                        f'DELETE FROM messages WHERE run_id = ? AND log_index IN ({", ".join("?" * len(chunk))})',
-                        (run_id, *chunk),
-                    )
+        await self._run(
+            lambda conn: self._delete_rows(conn, 'messages', 'log_index', run_id, indices), write=True, inline=False
+        )
 
-        await self._run(delete, write=True, inline=False)
+    def _delete_rows(self, conn: sqlite3.Connection, table: str, column: str, run_id: str, keys: Sequence[int]) -> None:
+        """Delete a run's rows whose `column` is among `keys`, in chunks, as one transaction."""
+        with self._write(conn, immediate=True):
+            for start in range(0, len(keys), _CHUNK):
+                chunk = list(keys[start : start + _CHUNK])
+                conn.execute(
+                    f'DELETE FROM {table} WHERE run_id = ? AND {column} IN ({", ".join("?" * len(chunk))})',
+                    (run_id, *chunk),
+                )
 
     async def reclaim_space(self) -> None:
         def vacuum(conn: sqlite3.Connection) -> None:
