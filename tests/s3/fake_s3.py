@@ -61,7 +61,6 @@ class FakeS3:
     objects: dict[str, tuple[bytes, dict[str, str]]] = field(default_factory=dict)
     modified: dict[str, datetime] = field(default_factory=dict)
     clock: Callable[[], datetime] = _now_to_the_second
-    max_keys: int = 1000
     uploads: dict[str, dict[str, object]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
@@ -134,11 +133,12 @@ class FakeS3:
         return error_response(400, 'NotImplementedHere')
 
     def _list(self, query: dict[str, str]) -> httpx.Response:
-        """ListObjectsV2: keys in order, `max_keys` a page, the continuation token the last key listed."""
+        """ListObjectsV2: keys in order, `max-keys` (at most 1000) a page, the token naming the last key listed."""
         prefix = query.get('prefix', '')
         after = query.get('continuation-token', '').removeprefix('after:')
         keys = sorted(key for key in self.objects if key.startswith(prefix) and key > after)
-        page, rest = keys[: self.max_keys], keys[self.max_keys :]
+        size = min(1000, int(query.get('max-keys', '1000')))
+        page, rest = keys[:size], keys[size:]
         contents = ''.join(
             f'<Contents><Key>{escape(key)}</Key>'
             f'<LastModified>{self.modified.get(key, LONG_AGO).strftime("%Y-%m-%dT%H:%M:%S.000Z")}</LastModified>'
@@ -149,7 +149,7 @@ class FakeS3:
         xml = (
             '<?xml version="1.0" encoding="UTF-8"?>'
             f'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>{self.bucket}</Name>'
-            f'<Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount><MaxKeys>{self.max_keys}</MaxKeys>'
+            f'<Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount><MaxKeys>{size}</MaxKeys>'
             f'<IsTruncated>{"true" if rest else "false"}</IsTruncated>{more}{contents}</ListBucketResult>'
         )
         return httpx.Response(200, content=xml.encode())

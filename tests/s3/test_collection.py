@@ -13,6 +13,7 @@ from pydantic_ai_steps.media import MediaContext, S3MediaStore, media_uri_for
 from pydantic_ai_steps.media.stores import s3 as s3_module
 from pydantic_ai_steps.media.stores.s3 import S3AuthError, S3Error, S3RequestError, S3ServerError
 from pydantic_ai_steps.store import CollectableMediaStore
+from pydantic_ai_steps.testing.media_store import MediaStoreConformance
 
 from .fake_s3 import LONG_AGO, SECRET_KEY, SESSION_TOKEN, FakeS3, error_response
 from .test_store import FAILURES, _failure_of, fail_first, make_store, texts_reachable_from
@@ -45,23 +46,38 @@ async def listed(store: S3MediaStore) -> dict[str, tuple[int, datetime]]:
     return {blob.uri: (blob.size, blob.stored_at) async for blob in store.list_blobs()}
 
 
+class TestS3MediaStoreOnTheFakeServer(MediaStoreConformance):
+    """The whole suite offline; the live servers run it too (`test_conformance_live.py`)."""
+
+    metadata_on_repeat_put = 'last'
+    stored_at_resolution = timedelta(seconds=1)
+
+    @pytest.fixture
+    def media_store(self) -> S3MediaStore:
+        return make_store(FakeS3(), key_prefix='conformance/')
+
+
 # ----------------------------------------------------------------------------- listing
 
 
-async def test_lists_every_page_under_the_prefix_with_size_and_last_modified(fake: FakeS3) -> None:
-    fake.max_keys = 2
+async def test_lists_every_page_under_the_prefix_with_size_and_last_modified(
+    fake: FakeS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_module, 'LIST_PAGE_KEYS', 2)
     async with make_store(fake, key_prefix='media/') as store:
         assert isinstance(store, CollectableMediaStore)
         uris = [await store.put(f'blob {index}'.encode() * (index + 1)) for index in range(5)]
+        fake.objects['elsewhere/' + key(uris[0])] = (b'not under the prefix', {})
         assert await listed(store) == {uri: (6 * (index + 1), NOW) for index, uri in enumerate(uris)}
     pages = [call for call in fake.calls if call.method == 'GET']
     assert [call.raw_path for call in pages] == ['/bkt'] * 3  # the bucket itself, path-style
+    ordered = sorted(key(uri, 'media/') for uri in uris)
     assert [call.query.get('continuation-token') for call in pages] == [
         None,
-        'after:' + key(sorted(uris)[1], 'media/'),
-        'after:' + key(sorted(uris)[3], 'media/'),
+        f'after:{ordered[1]}',
+        f'after:{ordered[3]}',
     ]
-    assert all(call.query['list-type'] == '2' and call.query['prefix'] == 'media/' for call in pages)
+    assert all(call.query == call.query | {'list-type': '2', 'prefix': 'media/', 'max-keys': '2'} for call in pages)
 
 
 async def test_only_keys_the_key_strategy_gives_are_listed(fake: FakeS3) -> None:

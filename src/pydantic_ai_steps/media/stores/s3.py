@@ -88,6 +88,8 @@ BACKOFF_CAP_SECONDS: Final = 20.0
 ABORT_DEADLINE_SECONDS: Final = 30.0
 """How long a failed or cancelled multipart upload may spend aborting itself (shielded from cancellation)."""
 _HASH_IN_THREAD_BYTES = 1 * MiB
+LIST_PAGE_KEYS = 1000
+"""`max-keys` of each ListObjectsV2 request (1000 is the most S3 returns)."""
 LAST_MODIFIED_RESOLUTION: Final = timedelta(seconds=1)
 """S3 keeps an object's modification time to the second: a put at 12:00:00.9 reads as 12:00:00."""
 
@@ -401,7 +403,7 @@ class S3MediaStore:
         token: str | None = None
         tokens: set[str] = set()
         while True:
-            query = [('list-type', '2')]
+            query = [('list-type', '2'), ('max-keys', str(LIST_PAGE_KEYS))]
             if self.key_prefix:
                 query.append(('prefix', self.key_prefix))
             if token is not None:
