@@ -249,17 +249,19 @@ class DiskMediaStore:
 
     def _walk(self) -> Generator[BlobInfo]:
         """Depth first, never into a symbolic link; what vanishes during the walk is skipped."""
-        pending = [os.fspath(self._root)]
+        root = os.path.abspath(self._root)
+        pending = [(root, '')]  # a directory, and its path relative to the root ('a/b/')
         while pending:
+            directory, relative = pending.pop()
             try:
-                entries = os.scandir(pending.pop())
+                entries = os.scandir(directory)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             with entries:
                 for entry in entries:
                     try:
                         if entry.is_dir(follow_symlinks=False):
-                            pending.append(entry.path)
+                            pending.append((entry.path, f'{relative}{entry.name}/'))
                             continue
                         if (
                             not entry.is_file(follow_symlinks=False)
@@ -268,18 +270,21 @@ class DiskMediaStore:
                         ):
                             continue
                         info = entry.stat(follow_symlinks=False)
-                        uri = self._uri_of(Path(entry.path))
+                        uri = self._uri_of(entry.path, relative + entry.name)
                     except FileNotFoundError:
                         continue
                     if uri is not None:
                         yield BlobInfo(uri=uri, size=info.st_size, stored_at=utc_from_timestamp(info.st_mtime))
 
-    def _uri_of(self, path: Path) -> str | None:
-        """The URI whose key (with an empty context) is `path`, from a digest in the key or the file's bytes."""
+    def _uri_of(self, path: str, key: str) -> str | None:
+        """The URI whose key (with an empty context) is `key`, the file's path relative to the root.
+
+        From a digest in the key or, for a key strategy other than the default, the file's bytes.
+        """
         named = False
-        for uri in uris_named_in_key(path.relative_to(self._root).as_posix()):
+        for uri in uris_named_in_key(key):
             named = True
-            if self._addresses(uri, path):
+            if self._addresses(uri, path, key):
                 return uri
         if named or self._key_strategy is default_key_strategy:
             return None  # the default key always holds the digest: a file without one is not a blob
@@ -287,11 +292,14 @@ class DiskMediaStore:
         if digest is None:
             return None
         uri = uri_for_digest(digest)
-        return uri if self._addresses(uri, path) else None
+        return uri if self._addresses(uri, path, key) else None
 
-    def _addresses(self, uri: str, path: Path) -> bool:
+    def _addresses(self, uri: str, path: str, key: str) -> bool:
+        """Whether `uri`'s key, with an empty context, is the file at `path` (whose relative key is `key`)."""
+        if self._key_strategy(uri, EMPTY_CONTEXT) == key and _fits(path):
+            return True  # the usual case, without the cost of parsing paths
         try:
-            return self._path(uri, EMPTY_CONTEXT) == path
+            return self._path(uri, EMPTY_CONTEXT) == Path(path)
         except ValueError:  # a key this store refuses: no blob can be stored under it
             return False
 
@@ -433,11 +441,22 @@ def _refresh(blob: Path) -> bool:
     return True
 
 
+def _fits(path: str) -> bool:
+    """The length checks of `_check_lengths` for a file that exists (its directory names fit already)."""
+    try:
+        name = os.path.basename(path)
+        return len(os.fsencode(name)) <= _NAME_MAX_BYTES - len(_SIDECAR_SUFFIX) and len(
+            os.fsencode(path)
+        ) <= _PATH_MAX_BYTES - max(len(_SIDECAR_SUFFIX), _TEMP_NAME_BYTES + 1)
+    except UnicodeEncodeError:
+        return False
+
+
 def _next_batch(blobs: Iterator[BlobInfo]) -> list[BlobInfo]:
     return [blob for _, blob in zip(range(_LIST_BATCH), blobs, strict=False)]
 
 
-def _hash_file(path: Path) -> str | None:
+def _hash_file(path: str) -> str | None:
     """SHA-256 of a regular file's bytes; `None` if it turned into something else (a link) meanwhile."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0))
