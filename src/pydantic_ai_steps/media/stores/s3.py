@@ -21,10 +21,12 @@ Garbage collection: `list_blobs` pages through ListObjectsV2 under `key_prefix`,
 `delete(uri, stored_before=t)` reads `Last-Modified` with a HEAD and sends a DELETE only if the
 object is older than `t` by at least one second (S3 keeps the time to the second); if the DELETE
 has to be retried, the HEAD is repeated first. S3 has no conditional delete on the modification
-time, so a put landing between that HEAD and the DELETE (milliseconds) is lost; the grace period
-of garbage collection makes that a put of a blob nobody had put for an hour, about to be
-referenced: rare, not impossible. Times are the server's clock: keep the grace period well above
-any skew between this machine and the server.
+time, so a put landing between that HEAD and the DELETE (milliseconds apart) is deleted with the
+blob; with the default grace period of garbage collection that takes a put of a blob nobody had
+put for an hour, about to be referenced: rare, not impossible. Times are the server's clock:
+keep the grace period well above any skew between this machine and the server. AWS dates a
+multipart upload from its start, so an upload lasting longer than the grace period (less the
+ten minutes a writer trusts a put) could be collected before its writer references it.
 """
 
 from __future__ import annotations
