@@ -7,15 +7,17 @@ would reject. Faults are injected with `fail_when`.
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from unittest.mock import patch
 from urllib.parse import parse_qsl, unquote
 from xml.etree import ElementTree
+from xml.sax.saxutils import escape
 
 import anyio
 import httpx
@@ -28,6 +30,12 @@ SECRET_KEY = 'fake/Secret+Key=0123456789abcdefSECRET'
 SESSION_TOKEN = 'FakeSessionToken/abc+def=TOKEN'
 
 Fault = Callable[[httpx.Request], 'httpx.Response | None']
+LONG_AGO = datetime(2001, 2, 3, 4, 5, 6, tzinfo=UTC)
+"""The modification time of an object a test placed in `objects` directly."""
+
+
+def _now_to_the_second() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)  # S3 keeps modification times to the second
 
 
 def error_response(status: int, code: str, message: str = 'injected', headers: dict[str, str] | None = None):
@@ -51,6 +59,8 @@ class FakeS3:
     secret_key: str = SECRET_KEY
     session_token: str | None = None
     objects: dict[str, tuple[bytes, dict[str, str]]] = field(default_factory=dict)
+    modified: dict[str, datetime] = field(default_factory=dict)
+    clock: Callable[[], datetime] = _now_to_the_second
     uploads: dict[str, dict[str, object]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
@@ -101,7 +111,14 @@ class FakeS3:
             return httpx.Response(204)
         if request.method == 'PUT':
             self.objects[key] = (request.content, _meta(request))
+            self.modified[key] = self.clock()
             return httpx.Response(200, headers={'etag': f'"{hashlib.md5(request.content).hexdigest()}"'})
+        if request.method == 'GET' and not key and query.get('list-type') == '2':
+            return self._list(query)
+        if request.method == 'DELETE':
+            self.objects.pop(key, None)  # S3 answers 204 whether or not the key existed
+            self.modified.pop(key, None)
+            return httpx.Response(204)
         if request.method in ('GET', 'HEAD'):
             if key not in self.objects:
                 if request.method == 'HEAD':
@@ -109,8 +126,33 @@ class FakeS3:
                 return error_response(404, 'NoSuchKey', 'The specified key does not exist.')
             data, headers = self.objects[key]
             content = data if request.method == 'GET' else b''
-            return httpx.Response(200, content=content, headers={**headers, 'content-length': str(len(data))})
+            modified = email.utils.format_datetime(self.modified.get(key, LONG_AGO), usegmt=True)
+            return httpx.Response(
+                200, content=content, headers={**headers, 'content-length': str(len(data)), 'last-modified': modified}
+            )
         return error_response(400, 'NotImplementedHere')
+
+    def _list(self, query: dict[str, str]) -> httpx.Response:
+        """ListObjectsV2: keys in order, `max-keys` (at most 1000) a page, the token naming the last key listed."""
+        prefix = query.get('prefix', '')
+        after = query.get('continuation-token', '').removeprefix('after:')
+        keys = sorted(key for key in self.objects if key.startswith(prefix) and key > after)
+        size = min(1000, int(query.get('max-keys', '1000')))
+        page, rest = keys[:size], keys[size:]
+        contents = ''.join(
+            f'<Contents><Key>{escape(key)}</Key>'
+            f'<LastModified>{self.modified.get(key, LONG_AGO).strftime("%Y-%m-%dT%H:%M:%S.000Z")}</LastModified>'
+            f'<ETag>"x"</ETag><Size>{len(self.objects[key][0])}</Size><StorageClass>STANDARD</StorageClass></Contents>'
+            for key in page
+        )
+        more = f'<NextContinuationToken>{escape("after:" + page[-1])}</NextContinuationToken>' if rest else ''
+        xml = (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            f'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>{self.bucket}</Name>'
+            f'<Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount><MaxKeys>{size}</MaxKeys>'
+            f'<IsTruncated>{"true" if rest else "false"}</IsTruncated>{more}{contents}</ListBucketResult>'
+        )
+        return httpx.Response(200, content=xml.encode())
 
     async def _upload_part(self, request: httpx.Request, query: dict[str, str]) -> httpx.Response:
         upload = self.uploads.get(query['uploadId'])
@@ -146,6 +188,7 @@ class FakeS3:
         for number, etag in listed:
             assert etag == f'"{hashlib.md5(parts[number]).hexdigest()}"'
         self.objects[key] = (b''.join(parts[n] for n, _ in listed), headers)
+        self.modified[key] = self.clock()
         return httpx.Response(200, content=b'<CompleteMultipartUploadResult/>')
 
     def _check_signature(self, request: httpx.Request) -> httpx.Response | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.server
 
 class TestS3MediaStoreConformance(MediaStoreConformance):
     metadata_on_repeat_put = 'last'  # every put re-uploads the object with its own headers
+    stored_at_resolution = timedelta(seconds=1)  # LastModified is kept to the second
 
     @pytest.fixture
     def media_store(self, server: Server, bucket: str) -> S3MediaStore:

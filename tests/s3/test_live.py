@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,6 +16,7 @@ import httpx
 import pytest
 
 from pydantic_ai_steps.media import MediaContext, media_uri_for
+from pydantic_ai_steps.media.stores import s3 as s3_module
 from pydantic_ai_steps.media.stores.s3 import S3AuthError, S3ConnectionError, S3NotFound, S3RequestError
 from tests.conftest import require_env
 
@@ -87,7 +90,8 @@ async def test_wrong_credentials_are_an_auth_error_without_the_secret(
     bad_value = 'WRONG' + os.urandom(8).hex().upper()
     bad = make_store(key_prefix=good.key_prefix, max_retries=0, **{wrong: bad_value})
     with caplog.at_level(logging.DEBUG):
-        for call in (bad.put(b'guarded'), bad.get(uri), bad.exists(uri), bad.get_metadata(uri)):
+        calls = (bad.put(b'guarded'), bad.get(uri), bad.exists(uri), bad.get_metadata(uri), bad.delete(uri))
+        for call in (*calls, _first(bad.list_blobs())):
             with pytest.raises(S3AuthError) as info:
                 await call
             message = str(info.value)
@@ -177,3 +181,97 @@ async def test_temporary_credentials_with_session_token(make_store: Any, caplog:
                 await bad.get(uri)
             assert token not in str(info.value) and forged not in str(info.value)
     assert all(token not in r.getMessage() and forged not in r.getMessage() for r in caplog.records)
+
+
+async def _first(blobs: AsyncIterator[Any]) -> Any:
+    return await anext(blobs, None)
+
+
+def present(admin: S3Admin, bucket: str, key: str) -> bool:
+    """Whether the server has `key`, as it answers botocore (not the code under test)."""
+    status = admin.request('HEAD', f'/{bucket}/{key}').status_code
+    assert status in (200, 404), status
+    return status == 200
+
+
+async def test_list_pages_and_delete_on_the_server(
+    make_store: Any, admin: S3Admin, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_module, 'LIST_PAGE_KEYS', 2)  # five blobs and a foreign object: three pages
+    prefix = f'{ODD_PREFIX}{uuid.uuid4().hex[:8]}/'
+    transport = _CountingLists()
+    store = make_store(key_prefix=prefix, transport=transport)
+    before = datetime.now(UTC) - timedelta(seconds=2)
+    uris = [await store.put(f'blob {index} '.encode() * (index + 1)) for index in range(5)]
+    assert admin.request('PUT', f'/{bucket}/{prefix}notes.txt').status_code == 200  # not a blob
+    blobs = {blob.uri: blob async for blob in store.list_blobs()}
+    assert sorted(blobs) == sorted(uris)
+    assert transport.tokens == [None, transport.tokens[1], transport.tokens[2]] and None not in transport.tokens[1:]
+    for index, uri in enumerate(uris):
+        assert blobs[uri].size == 7 * (index + 1)
+        assert before <= blobs[uri].stored_at <= datetime.now(UTC) + timedelta(seconds=2)
+    doomed = uris[0]
+    assert await store.delete(doomed) is True
+    assert not present(admin, bucket, f'{prefix}{doomed[-64:]}.bin')
+    assert await store.delete(doomed) is False
+    assert await store.exists(doomed) is False
+    assert present(admin, bucket, f'{prefix}notes.txt')
+    assert all(present(admin, bucket, f'{prefix}{uri[-64:]}.bin') for uri in uris[1:])
+    assert sorted([blob.uri async for blob in store.list_blobs()]) == sorted(uris[1:])
+
+
+async def test_delete_with_a_cutoff_on_the_server(make_store: Any) -> None:
+    store = make_store()
+    uri = await store.put(b'cut off')
+    assert await store.delete(uri, stored_before=datetime.now(UTC) - timedelta(minutes=10)) is False
+    assert await store.get(uri) == b'cut off'
+    assert await store.delete(uri, stored_before=datetime.now(UTC) + timedelta(seconds=5)) is True
+    assert await store.exists(uri) is False
+
+
+class _CountingLists(httpx.AsyncBaseTransport):
+    """Real network; records the continuation token of every listing request."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.tokens: list[str | None] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == 'GET' and 'list-type' in request.url.params:
+            self.tokens.append(request.url.params.get('continuation-token'))
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _TamperedDelete(httpx.AsyncBaseTransport):
+    """Real network, except that a DELETE's signature has one hex digit changed."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == 'DELETE':
+            auth = request.headers['authorization']
+            request.headers['authorization'] = auth[:-1] + ('0' if auth[-1] != '0' else '1')
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_the_delete_request_is_signed_and_its_signature_checked(
+    make_store: Any, admin: S3Admin, bucket: str, server: Server
+) -> None:
+    """moto recomputes every signature with botocore: a DELETE it accepts was signed right."""
+    store = make_store()
+    uri = await store.put(b'signed delete')
+    key = f'{store.key_prefix}{uri[-64:]}.bin'
+    tampered = make_store(key_prefix=store.key_prefix, transport=_TamperedDelete(), max_retries=0)
+    with pytest.raises(S3AuthError, match='SignatureDoesNotMatch') as info:
+        await tampered.delete(uri)
+    assert info.value.operation == 'DELETE' and server.secret_key not in str(info.value)
+    assert present(admin, bucket, key)  # refused: still there
+    assert await store.delete(uri) is True
+    assert not present(admin, bucket, key)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter
+from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.media import S3MediaStore, media_uri_for
 from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore, continue_run
+from pydantic_ai_steps.testing._kernel import managed
+from pydantic_ai_steps.testing._support import new_run, snapshot
 from tests.step_persistence.agents import call, scripted
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
@@ -74,3 +78,36 @@ def _context(media_type: str) -> Any:
     from pydantic_ai_steps.media import MediaContext
 
     return MediaContext(media_type=media_type)
+
+
+@pytest.mark.parametrize('kind', ['file', 'sqlite'])
+async def test_garbage_collection_of_media_on_s3(
+    kind: str, tmp_path: Path, make_store: Callable[..., S3MediaStore]
+) -> None:
+    """A step store collects the blobs it put on S3 once no run references them, and only then."""
+    media = make_store()
+    store = managed(step_store(kind, tmp_path, media))
+    shared, own = os.urandom(100 * 1024), os.urandom(100 * 1024)
+
+    def history(*images: bytes) -> list[Any]:
+        content = ['look', *(BinaryContent(image, media_type='image/png') for image in images)]
+        return [ModelRequest(parts=[UserPromptPart(content)])]
+
+    first = await new_run(store)
+    await store.save_snapshot(snapshot(first, history(shared, own)))
+    second = await new_run(store)
+    await store.save_snapshot(snapshot(second, history(shared)))
+    assert {blob.uri async for blob in media.list_blobs()} == {media_uri_for(shared), media_uri_for(own)}
+    await anyio.sleep(1.1)  # S3 keeps modification times to the second: let them fall before the cutoff
+    await store.delete_run(first)
+    assert (await store.collect_garbage()).blobs == []  # within the grace
+    collected = await store.collect_garbage(grace=timedelta(0))
+    assert collected.blobs == [media_uri_for(own)] and collected.bytes == len(own)
+    assert await media.exists(media_uri_for(own)) is False
+    assert await media.get(media_uri_for(shared)) == shared
+    await store.delete_run(second)
+    assert (await store.collect_garbage(grace=timedelta(0))).blobs == [media_uri_for(shared)]
+    assert [blob async for blob in media.list_blobs()] == []
+    close = getattr(store, 'close', None)
+    if callable(close):
+        close()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Mapping
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from ._context import EMPTY_CONTEXT, MediaContext
-from ._uri import parse_media_uri
+from ._uri import parse_media_uri, uri_for_digest
 
 KeyStrategy = Callable[[str, MediaContext], str]
 """Maps a media URI and its context to a backend key (a relative path on disk, an object key on S3)."""
@@ -107,3 +109,34 @@ def decode_metadata(raw: object) -> dict[str, str]:
             raise ValueError(f'metadata entries must map str to str, got {key!r}: {item!r}')
         result[key] = item
     return result
+
+
+_DIGEST_IN_KEY = re.compile(r'(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])')
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def uris_named_in_key(key: str) -> Iterator[str]:
+    """The URIs a backend key may belong to: each 64-lowercase-hex run in it, the last first.
+
+    A store that lists its blobs keeps only a candidate the key strategy maps back to that key.
+    """
+    for digest in reversed(_DIGEST_IN_KEY.findall(key)):
+        yield uri_for_digest(digest)
+
+
+def check_stored_before(stored_before: object) -> datetime | None:
+    """`delete(stored_before=)`: `None`, or an aware `datetime` (a naive one would compare with the wrong clock)."""
+    if stored_before is None:
+        return None
+    if not isinstance(stored_before, datetime):
+        raise TypeError(f'stored_before must be an aware datetime or None, got {type(stored_before).__name__}')
+    if stored_before.utcoffset() is None:
+        raise ValueError(
+            f'stored_before must be timezone-aware (e.g. datetime.now(UTC)), got naive {stored_before.isoformat()}'
+        )
+    return stored_before
+
+
+def utc_from_timestamp(seconds: float) -> datetime:
+    """An aware UTC `datetime` from epoch seconds (what a file's mtime or a row's `stored_at` holds)."""
+    return _EPOCH + timedelta(seconds=seconds)

@@ -16,6 +16,14 @@ their blob is missing.
 `get` hashes the bytes it read (on its worker thread, never the event loop) and raises
 `MediaIntegrityError` (a `FileNotFoundError`) when they do not match the URI's digest: a damaged
 blob reads as a missing one. `exists` only looks for the file.
+
+Garbage collection (`list_blobs`, `delete`): a blob's file modification time is when it was last
+put. A put of bytes already stored rewrites nothing but sets that time to now (`os.utime`), so
+a blob that a writer has just put again is never collected. `delete(uri, stored_before=t)`
+first renames the blob to a temporary name in its directory, so no put can refresh it any
+longer, then reads its modification time: at or after `t` it is renamed back, otherwise the
+file and its sidecar are removed. A put racing the deletion either refreshed the blob before the
+rename (it is kept) or finds it gone and writes it again.
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
+import stat
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from datetime import datetime
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from types import TracebackType
 from typing import Self
@@ -34,15 +45,19 @@ from typing import Self
 import anyio.to_thread
 
 from ..._files import fsync_dir
+from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
 from .._protocol import (
     KeyStrategy,
     PublicUrlResolver,
+    check_stored_before,
     decode_metadata,
     default_key_strategy,
     encode_metadata,
     resolve_public_url,
+    uris_named_in_key,
+    utc_from_timestamp,
 )
 from .._uri import parse_media_uri, uri_for_digest
 from ._sha256 import Sha256Thread
@@ -58,6 +73,11 @@ _PATH_MAX_BYTES = 1023 if sys.platform == 'darwin' else 4095
 """The longest path the OS takes (`PATH_MAX` less its terminating NUL)."""
 _TEMP_NAME_BYTES = len(f'put-{uuid.UUID(int=0).hex}.tmp')
 """Temporary files are named `put-<32 hex>.tmp`, whatever the name of the file they become."""
+_TEMP_NAME = re.compile(r'(?:put|gc)-[0-9a-f]{32}\.tmp')
+"""Temporary files of puts, and blobs `delete` is about to remove (`gc-<32 hex>.tmp`): never listed."""
+_UTIME_FOLLOWS_LINKS = os.utime not in os.supports_follow_symlinks
+_LIST_BATCH = 512
+"""`list_blobs` walks the directory on a worker thread and hands blobs over this many at a time."""
 
 
 class DiskMediaStore:
@@ -78,6 +98,15 @@ class DiskMediaStore:
     Every put is atomic, so a process crash leaves a blob whole or absent. `durable=True` also
     flushes each new file and the directory entries it adds to disk before `put` returns, so a
     blob survives power loss too; the step stores pass their own `durable` setting on.
+
+    `list_blobs()` and `delete()` serve media garbage collection. The listing walks the directory
+    without following symbolic links and skips sidecars and temporary files. A file's URI comes
+    from a 64-hex digest in its path relative to `directory` (the default key is `<sha256>.bin`);
+    a file whose path holds none, with a key strategy other than the default, is hashed to find
+    it. Either way a file is listed only if the key strategy, given that URI and an empty
+    `MediaContext`, names exactly that file, because `delete(uri)` finds the file the same way:
+    garbage collection with a key strategy that depends on the context is not supported (such
+    blobs are not listed, so never collected). Other files in the directory are left alone.
     """
 
     concurrent_put_bytes: int = 1 << 20
@@ -133,6 +162,26 @@ class DiskMediaStore:
         path = self._path(uri, context)
         return await anyio.to_thread.run_sync(self._read_metadata, path, uri)
 
+    async def list_blobs(self) -> AsyncIterator[BlobInfo]:
+        """Every blob under the directory, with its size and when it was last put (its mtime, UTC)."""
+        walk = self._walk()
+        try:
+            while batch := await anyio.to_thread.run_sync(_next_batch, walk):
+                for blob in batch:
+                    yield blob
+        finally:
+            walk.close()
+
+    async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
+        """Remove the blob of `uri` and its sidecar; with `stored_before`, only if not put at or after it.
+
+        `True` if a blob was removed; `False` if there was none, or it was put since. The blob's
+        path comes from the key strategy with an empty `MediaContext`.
+        """
+        cutoff = check_stored_before(stored_before)
+        path = self._path(uri, EMPTY_CONTEXT)
+        return await anyio.to_thread.run_sync(self._delete_sync, path, cutoff)
+
     # -- blocking bodies, run on worker threads --------------------------------------------------
 
     def _put_sync(self, data: bytes, context: MediaContext) -> str:
@@ -142,7 +191,7 @@ class DiskMediaStore:
             uri = uri_for_digest(hashlib.sha256(data).hexdigest())
             path = self._path(uri, context)
             self._make_dirs(path.parent)
-            if not path.is_file():
+            if not _refresh(path):
                 _write_atomic(path, data, self.durable)
         if context.metadata:
             _write_atomic(_sidecar(path), encode_metadata(context.metadata).encode('utf-8'), self.durable)
@@ -158,7 +207,7 @@ class DiskMediaStore:
             uri = uri_for_digest(digest.hexdigest())
             path = self._path(uri, context)
             self._make_dirs(path.parent)
-            if not path.is_file():  # first put wins: a stored blob is never rewritten
+            if not _refresh(path):  # first put wins: a stored blob is never rewritten, only refreshed
                 try:
                     os.replace(temp, path)
                 except OSError as error:
@@ -197,6 +246,93 @@ class DiskMediaStore:
             return decode_metadata(raw)
         except ValueError as exc:
             raise ValueError(f'unreadable metadata sidecar for {uri} at {_sidecar(path)}: {exc}') from exc
+
+    def _walk(self) -> Generator[BlobInfo]:
+        """Depth first, never into a symbolic link; what vanishes during the walk is skipped."""
+        root = os.path.abspath(self._root)
+        pending = [(root, '')]  # a directory, and its path relative to the root ('a/b/')
+        while pending:
+            directory, relative = pending.pop()
+            try:
+                entries = os.scandir(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            pending.append((entry.path, f'{relative}{entry.name}/'))
+                            continue
+                        if (
+                            not entry.is_file(follow_symlinks=False)
+                            or entry.name.endswith(_SIDECAR_SUFFIX)
+                            or _TEMP_NAME.fullmatch(entry.name)
+                        ):
+                            continue
+                        info = entry.stat(follow_symlinks=False)
+                        uri = self._uri_of(entry.path, relative + entry.name)
+                    except FileNotFoundError:
+                        continue
+                    if uri is not None:
+                        yield BlobInfo(uri=uri, size=info.st_size, stored_at=utc_from_timestamp(info.st_mtime))
+
+    def _uri_of(self, path: str, key: str) -> str | None:
+        """The URI whose key (with an empty context) is `key`, the file's path relative to the root.
+
+        From a digest in the key or, for a key strategy other than the default, the file's bytes.
+        """
+        named = False
+        for uri in uris_named_in_key(key):
+            named = True
+            if self._addresses(uri, path, key):
+                return uri
+        if named or self._key_strategy is default_key_strategy:
+            return None  # the default key always holds the digest: a file without one is not a blob
+        digest = _hash_file(path)
+        if digest is None:
+            return None
+        uri = uri_for_digest(digest)
+        return uri if self._addresses(uri, path, key) else None
+
+    def _addresses(self, uri: str, path: str, key: str) -> bool:
+        """Whether `uri`'s key, with an empty context, is the file at `path` (whose relative key is `key`)."""
+        if self._key_strategy(uri, EMPTY_CONTEXT) == key and _fits(path):
+            return True  # the usual case, without the cost of parsing paths
+        try:
+            return self._path(uri, EMPTY_CONTEXT) == Path(path)
+        except ValueError:  # a key this store refuses: no blob can be stored under it
+            return False
+
+    def _delete_sync(self, path: Path, stored_before: datetime | None) -> bool:
+        if stored_before is None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return False
+        else:
+            # Renamed first, so that no put can refresh the blob between the check and the unlink:
+            # a put from now on finds no blob and writes it again.
+            doomed = path.with_name(f'gc-{uuid.uuid4().hex}.tmp')
+            try:
+                os.rename(path, doomed)
+            except FileNotFoundError:
+                return False
+            try:
+                put_at = utc_from_timestamp(os.lstat(doomed).st_mtime)
+            except BaseException:
+                os.replace(doomed, path)
+                raise
+            if put_at >= stored_before:
+                # Put again meanwhile: back it goes. A copy a racing put wrote there holds the same bytes.
+                os.replace(doomed, path)
+                if self.durable:
+                    fsync_dir(path.parent)
+                return False
+            os.unlink(doomed)
+        if not path.exists():  # unless it was put again meanwhile, with metadata of its own
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_sidecar(path))
+        return True
 
     # -- paths ------------------------------------------------------------------------------------
 
@@ -292,6 +428,46 @@ def _shorten(text: str, limit: int = 80) -> str:
 
 def _sidecar(blob: Path) -> Path:
     return blob.with_name(blob.name + _SIDECAR_SUFFIX)
+
+
+def _refresh(blob: Path) -> bool:
+    """Mark a stored blob as put now (its mtime); `False` if there is none to mark."""
+    if not blob.is_file():
+        return False
+    try:
+        os.utime(blob, follow_symlinks=_UTIME_FOLLOWS_LINKS)
+    except FileNotFoundError:  # collected just now: the caller writes it again
+        return False
+    return True
+
+
+def _fits(path: str) -> bool:
+    """The length checks of `_check_lengths` for a file that exists (its directory names fit already)."""
+    try:
+        name = os.path.basename(path)
+        return len(os.fsencode(name)) <= _NAME_MAX_BYTES - len(_SIDECAR_SUFFIX) and len(
+            os.fsencode(path)
+        ) <= _PATH_MAX_BYTES - max(len(_SIDECAR_SUFFIX), _TEMP_NAME_BYTES + 1)
+    except UnicodeEncodeError:
+        return False
+
+
+def _next_batch(blobs: Iterator[BlobInfo]) -> list[BlobInfo]:
+    return [blob for _, blob in zip(range(_LIST_BATCH), blobs, strict=False)]
+
+
+def _hash_file(path: str) -> str | None:
+    """SHA-256 of a regular file's bytes; `None` if it turned into something else (a link) meanwhile."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0))
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return None
+        raise
+    with open(fd, 'rb') as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            return None
+        return hashlib.file_digest(file, 'sha256').hexdigest()
 
 
 def _write_atomic(target: Path, payload: bytes, durable: bool) -> None:

@@ -15,21 +15,34 @@ one frame that drops them before it returns or raises. A store cannot be pickled
 
 Blobs above `multipart_threshold_bytes` go up as a multipart upload (parts in parallel); a failed
 or cancelled upload is aborted so no orphan parts keep costing storage.
+
+Garbage collection: `list_blobs` pages through ListObjectsV2 under `key_prefix`, and an object's
+`LastModified` says when it was last put (every put re-uploads, so a repeat put refreshes it).
+`delete(uri, stored_before=t)` reads `Last-Modified` with a HEAD and sends a DELETE only if the
+object is older than `t` by at least one second (S3 keeps the time to the second); if the DELETE
+has to be retried, the HEAD is repeated first. S3 has no conditional delete on the modification
+time, so a put landing between that HEAD and the DELETE (milliseconds apart) is deleted with the
+blob; with the default grace period of garbage collection that takes a put of a blob nobody had
+put for an hour, about to be referenced: rare, not impossible. Times are the server's clock:
+keep the grace period well above any skew between this machine and the server. AWS dates a
+multipart upload from its start, so an upload lasting longer than the grace period (less the
+ten minutes a writer trusts a put) could be collected before its writer references it.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import email.utils
 import hashlib
 import logging
 import random
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Final, NoReturn, Self, SupportsIndex
+from typing import Final, Literal, NoReturn, Self, SupportsIndex
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape as xml_escape
@@ -38,10 +51,18 @@ import anyio
 import anyio.to_thread
 import httpx
 
+from ...store.maintenance import BlobInfo
 from .. import _sigv4
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError, integrity_message
-from .._protocol import KeyStrategy, PublicUrlResolver, default_key_strategy, resolve_public_url
+from .._protocol import (
+    KeyStrategy,
+    PublicUrlResolver,
+    check_stored_before,
+    default_key_strategy,
+    resolve_public_url,
+    uris_named_in_key,
+)
 from .._uri import parse_media_uri, uri_for_digest
 
 __all__ = [
@@ -69,6 +90,10 @@ BACKOFF_CAP_SECONDS: Final = 20.0
 ABORT_DEADLINE_SECONDS: Final = 30.0
 """How long a failed or cancelled multipart upload may spend aborting itself (shielded from cancellation)."""
 _HASH_IN_THREAD_BYTES = 1 * MiB
+LIST_PAGE_KEYS = 1000
+"""`max-keys` of each ListObjectsV2 request (1000 is the most S3 returns)."""
+LAST_MODIFIED_RESOLUTION: Final = timedelta(seconds=1)
+"""S3 keeps an object's modification time to the second: a put at 12:00:00.9 reads as 12:00:00."""
 
 _METADATA_KEY = re.compile(r'[A-Za-z0-9-]+')
 # Values sent as-is: printable ASCII words separated by single spaces. Anything else (non-ASCII,
@@ -185,6 +210,13 @@ class S3MediaStore:
     creates its own on first use (with `transport=` if given) and `aclose()` / `async with`
     closes it. `timeout` applies to every request, on either client. A store cannot be pickled
     or copied (it holds credentials): `pickle.dumps(store)` raises `TypeError`.
+
+    `list_blobs()` and `delete()` serve media garbage collection (see the module docs); they
+    need the `s3:ListBucket` and `s3:DeleteObject` permissions. A bucket holds other objects
+    too, so the listing reports only the keys under `key_prefix` that the key strategy gives
+    for a digest they contain, with an empty `MediaContext`; every other object is skipped, and
+    so never collected (garbage collection with a key strategy that depends on the context is
+    not supported).
     """
 
     def __init__(
@@ -366,6 +398,97 @@ class S3MediaStore:
                 metadata[lname[len(_META_PREFIX) :]] = _decode_metadata_value(value)
         return metadata
 
+    # ----------------------------------------------------------------- garbage collection
+
+    async def list_blobs(self) -> AsyncIterator[BlobInfo]:
+        """Every blob under `key_prefix` (ListObjectsV2, page by page), `stored_at` its `LastModified`."""
+        token: str | None = None
+        tokens: set[str] = set()
+        while True:
+            query = [('list-type', '2'), ('max-keys', str(LIST_PAGE_KEYS))]
+            if self.key_prefix:
+                query.append(('prefix', self.key_prefix))
+            if token is not None:
+                query.append(('continuation-token', token))
+            response = await self._send(op='LIST', method='GET', key=self.key_prefix, query=query, bucket_only=True)
+            page = _listing(response.content)
+            if page is None:
+                raise self._list_error('answered with something other than a ListBucketResult', response.status_code)
+            for key, size, modified in page.objects:
+                uri = self._uri_for_key(key)
+                if uri is not None:
+                    yield BlobInfo(uri=uri, size=size, stored_at=modified)
+            if not page.truncated:
+                return
+            if not page.next_token or page.next_token in tokens:
+                raise self._list_error('said the listing goes on but gave no new continuation token', 200)
+            token = page.next_token
+            tokens.add(token)
+
+    async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
+        """HEAD, then DELETE the object of `uri`; with `stored_before`, only if it was last put before it.
+
+        `True` if the object was removed; `False` if there was none, or it was put since (its
+        `Last-Modified` not a full second before `stored_before`). The key comes from the key
+        strategy with an empty `MediaContext`. 403 and 404 are never retried.
+        """
+        parse_media_uri(uri)
+        cutoff = check_stored_before(stored_before)
+        key = self._key(uri, EMPTY_CONTEXT)
+        if await self._object_age(key, uri, cutoff) != 'old':
+            return False
+
+        async def still_old() -> None:
+            # A retried DELETE must not remove a blob put since the first attempt (whose answer
+            # may have been lost after it did delete the object: gone now means it went).
+            age = await self._object_age(key, uri, cutoff)
+            if age != 'old':
+                raise _Settled(removed=age == 'absent')
+
+        try:
+            await self._send(
+                op='DELETE', method='DELETE', key=key, uri=uri, before_retry=None if cutoff is None else still_old
+            )
+        except S3NotFound:
+            return False
+        except _Settled as settled:
+            return settled.removed
+        return True
+
+    async def _object_age(self, key: str, uri: str, cutoff: datetime | None) -> Literal['absent', 'recent', 'old']:
+        """Whether the object is there and, against `cutoff`, surely put before it (`None`: any object is old)."""
+        try:
+            response = await self._send(op='HEAD', method='HEAD', key=key, uri=uri)
+        except S3NotFound:
+            return 'absent'
+        if cutoff is None:
+            return 'old'
+        modified = _http_date(response.headers.get('last-modified'))
+        if modified is None:  # cannot tell when it was put: keep it
+            return 'recent'
+        return 'old' if modified + LAST_MODIFIED_RESOLUTION <= cutoff else 'recent'
+
+    def _uri_for_key(self, key: str) -> str | None:
+        """The URI whose key (with an empty context) is `key`, from a digest in it; `None` for other objects."""
+        if not key.startswith(self.key_prefix):
+            return None
+        for uri in uris_named_in_key(key[len(self.key_prefix) :]):
+            try:
+                if self._key(uri, EMPTY_CONTEXT) == key:
+                    return uri
+            except ValueError:  # a key this store refuses: it never stored that object
+                continue
+        return None
+
+    def _list_error(self, problem: str, status: int) -> S3RequestError:
+        return S3RequestError(
+            f'S3 LIST s3://{self.bucket}/{self.key_prefix} {problem}',
+            operation='LIST',
+            bucket=self.bucket,
+            key=self.key_prefix,
+            status=status,
+        )
+
     # ----------------------------------------------------------------- keys
 
     def _key(self, uri: str, context: MediaContext) -> str:
@@ -525,14 +648,19 @@ class S3MediaStore:
         uri: str | None = None,
         idempotent: bool = True,
         error_in_ok_body: bool = False,
+        bucket_only: bool = False,
+        before_retry: Callable[[], Awaitable[None]] | None = None,
     ) -> _Answer:
         """Sign and send one request, retrying what may succeed later; return a 2xx response.
 
         Retried: 5xx (except 501), throttling (429 or a throttling error code), and transport
         failures. A transport failure after the request may have reached the server is retried
         only for idempotent requests. Every attempt is re-signed (fresh `x-amz-date`).
+        `bucket_only` addresses the bucket itself (`/<bucket>`, for a listing; `key` then only
+        names the request in messages). `before_retry` runs before each retry and may raise to
+        stop retrying.
         """
-        path = _sigv4.encode_path(f'/{self.bucket}/{key}')
+        path = _sigv4.encode_path(f'/{self.bucket}' if bucket_only else f'/{self.bucket}/{key}')
         query_string = _sigv4.canonical_query(query)
         url = httpx.URL(self.endpoint).copy_with(
             raw_path=(path + ('?' + query_string if query_string else '')).encode()
@@ -576,6 +704,8 @@ class S3MediaStore:
                 delay,
             )
             await _sleep(delay)
+            if before_retry is not None:
+                await before_retry()
         raise AssertionError('unreachable: the last attempt returns or raises')  # pragma: no cover
 
     async def _attempt(
@@ -677,7 +807,7 @@ class S3MediaStore:
                 S3AuthError,
                 f'S3 {op} {where} was refused: {detail}; {_auth_hint(code, method, self._masked_key)}',
             )
-        elif status_for_class == 404 and method in ('GET', 'HEAD') and code in (None, 'NoSuchKey'):
+        elif status_for_class == 404 and method in ('GET', 'HEAD', 'DELETE') and code in (None, 'NoSuchKey'):
             cls, text = S3NotFound, f'media not found: {uri or where} ({op} {where} -> {detail})'
         elif status_for_class == 429 or code in _THROTTLE_CODES:
             cls, text, retryable = S3ThrottledError, f'S3 {op} {where} was throttled: {detail}{gave_up}', True
@@ -720,6 +850,23 @@ class _Secret:
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         raise TypeError('a credential cannot be pickled or copied')
+
+
+class _Settled(Exception):
+    """Raised by a DELETE's check before a retry: the object is gone (`removed`) or was put again."""
+
+    def __init__(self, *, removed: bool) -> None:
+        super().__init__('no retry: ' + ('the object is gone' if removed else 'the object was put again'))
+        self.removed = removed
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    """One page of a ListObjectsV2 answer: `(key, size, LastModified)` of each object."""
+
+    objects: list[tuple[str, int, datetime]]
+    truncated: bool
+    next_token: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -875,6 +1022,48 @@ def _xml_field(content: bytes, name: str) -> str | None:
         if _local(element.tag) == name:
             return (element.text or '').strip()
     return None
+
+
+def _listing(content: bytes) -> _Page | None:
+    """Parse a ListObjectsV2 answer (`None` if it is not one), with the same DTD-refusing parser."""
+    root = _parse_xml(content)
+    if root is None or _local(root.tag) != 'ListBucketResult':
+        return None
+    objects: list[tuple[str, int, datetime]] = []
+    truncated, token = False, None
+    for child in root:
+        name = _local(child.tag)
+        if name == 'Contents':
+            fields = {_local(field.tag): field.text or '' for field in child}
+            size = fields.get('Size', '').strip()
+            modified = _iso_date(fields.get('LastModified', ''))
+            # A time that cannot be read is taken as now: such an object is never collected.
+            objects.append((fields.get('Key', ''), int(size) if size.isdigit() else 0, modified or _utc_now()))
+        elif name == 'IsTruncated':
+            truncated = (child.text or '').strip().lower() == 'true'
+        elif name == 'NextContinuationToken':
+            token = (child.text or '').strip() or None
+    return _Page(objects, truncated, token)
+
+
+def _iso_date(text: str) -> datetime | None:
+    """An ISO 8601 time as S3 lists it (`2024-05-01T12:00:00.000Z`), aware UTC; `None` if unreadable."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _http_date(text: str | None) -> datetime | None:
+    """An HTTP date (`Last-Modified: Wed, 01 May 2024 12:00:00 GMT`), aware UTC; `None` if absent or unreadable."""
+    if not text:
+        return None
+    try:
+        value = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _error_document(content: bytes) -> tuple[str | None, str | None, str | None] | None:

@@ -17,11 +17,21 @@ Writes are `INSERT OR IGNORE`: the first put of a payload fixes its `media_type`
 A put commits only when the connection had no transaction open before it, so a caller's own
 transaction (or a Python 3.12 `autocommit=False` connection) decides when the row lands.
 
+Each row's `stored_at` (REAL, seconds since the epoch) says when its blob was last put: a put of
+bytes already stored writes nothing but an `UPDATE` of that column, so garbage collection never
+takes a blob that a writer has just put again. Rows of older tables, which had no such column,
+read as put in 1970. `delete(uri, stored_before=t)` removes the row, and its chunk rows, in one
+write transaction (a savepoint inside a caller's), with `DELETE ... WHERE sha256 = ? AND
+coalesce(stored_at, 0) < ?`: a put committed before it keeps the blob, a put after it stores the
+blob again. `list_blobs` reads the table in pages of
+`sha256` order, releasing the lock between pages.
+
 Large payloads are stored in chunks. A payload's digest names its row, and hashing costs about
 as much as writing, so a payload larger than `chunk_bytes` (1 MiB) is written as 1 MiB rows of
 `<table>_chunks` under a fresh `blob_id` while a helper thread hashes it (both release the GIL),
 and the blob's row, added in the same transaction, holds an empty `bytes` and that `blob_id`. If
-the digest turns out to be stored already, the transaction rolls back. Chunks also write faster
+the digest turns out to be stored already, the chunks are rolled back (to a savepoint) and the
+stored row only gets its `stored_at` refreshed, in the same transaction. Chunks also write faster
 than one huge row: SQLite copies a bound value whole and builds the record in memory before it
 writes a page. Rows with a NULL `blob_id` (every row of older layouts) hold their bytes inline.
 
@@ -54,8 +64,10 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Generator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
@@ -63,9 +75,17 @@ from typing import Self, TypeVar
 import anyio.to_thread
 
 from ..._sqlite import BackgroundCheckpointer, enable_wal, require_cross_thread_use, write_transaction
+from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
-from .._protocol import PublicUrlResolver, decode_metadata, encode_metadata, resolve_public_url
+from .._protocol import (
+    PublicUrlResolver,
+    check_stored_before,
+    decode_metadata,
+    encode_metadata,
+    resolve_public_url,
+    utc_from_timestamp,
+)
 from .._uri import parse_media_uri, uri_for_digest
 from ._sha256 import Sha256Feed, Sha256Thread
 
@@ -74,11 +94,12 @@ __all__ = ['SqliteMediaStore']
 _TABLE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
 _MEMORY = ':memory:'
 _SAVEPOINT = 'pydantic_ai_steps_media_put'
+_CHUNKS_SAVEPOINT = 'pydantic_ai_steps_media_chunks'
+_DELETE_SAVEPOINT = 'pydantic_ai_steps_media_delete'
+_DIGEST = re.compile(r'[0-9a-f]{64}')
+_LIST_BATCH = 1000
+"""`list_blobs` reads this many rows per turn of the lock."""
 _R = TypeVar('_R')
-
-
-class _AlreadyStored(Exception):
-    """Raised inside a chunked put's transaction to roll it back: the blob was stored meanwhile."""
 
 
 class SqliteMediaStore:
@@ -87,10 +108,13 @@ class SqliteMediaStore:
     Give exactly one of `database=` (a path; the store owns the connection) or `connection=` (a
     `sqlite3.Connection` opened with `check_same_thread=False`; the caller owns it). `table` must
     be a plain identifier. The table (and `<table>_chunks` for large blobs) is created on first
-    use; a table from an older layout gets its missing `media_type` / `metadata` / `blob_id`
-    columns added. `durable=True` flushes every put to disk before it returns. `lock=` is for a
-    store sharing a connection with another user of it (`SqliteStepStore` on an in-memory
-    database): both then take turns on it.
+    use; a table from an older layout gets its missing `media_type` / `metadata` / `blob_id` /
+    `stored_at` columns added. `durable=True` flushes every put to disk before it returns.
+    `lock=` is for a store sharing a connection with another user of it (`SqliteStepStore` on an
+    in-memory database): both then take turns on it.
+
+    `list_blobs()` and `delete()` serve media garbage collection (see the module docs). Rows whose
+    `sha256` is not a 64-lowercase-hex digest (written by other code) are not listed.
     """
 
     chunk_bytes: int = 1 << 20
@@ -153,6 +177,29 @@ class SqliteMediaStore:
         digest = parse_media_uri(uri)
         return await self._run(lambda conn: self._metadata_sync(conn, digest, uri))
 
+    async def list_blobs(self) -> AsyncIterator[BlobInfo]:
+        """Every blob in the table, with its size and when it was last put (`stored_at`, UTC)."""
+        after: object = ''  # other code's rows may hold a BLOB there, which sorts after every text
+        while True:
+            rows = await self._run(lambda conn, after=after: self._page_sync(conn, after))
+            for digest, size, stored_at in rows:
+                if isinstance(digest, str) and _DIGEST.fullmatch(digest):
+                    yield BlobInfo(uri=uri_for_digest(digest), size=size, stored_at=utc_from_timestamp(stored_at))
+            if len(rows) < _LIST_BATCH:
+                return
+            after = rows[-1][0]
+
+    async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
+        """Remove the blob and its chunks; with `stored_before`, only if it was not put at or after it.
+
+        `True` if a blob was removed; `False` if there was none, or it was put since. Inside a
+        caller's transaction on `connection=`, the removal lands (or not) with its commit.
+        """
+        digest = parse_media_uri(uri)
+        cutoff = check_stored_before(stored_before)
+        before = None if cutoff is None else cutoff.timestamp()
+        return await self._run(lambda conn: self._delete_sync(conn, digest, before))
+
     def close(self) -> None:
         """Close the connection this store opened (a caller's `connection=` is left alone).
 
@@ -185,14 +232,18 @@ class SqliteMediaStore:
             return uri_for_digest(self._put_chunked(conn, data, context))
         digest = hashlib.sha256(data).hexdigest()
         had_transaction = conn.in_transaction
-        # Checking first spares binding (and copying) a payload that is already stored;
+        now = time.time()
+        # Refreshing first spares binding (and copying) a payload that is already stored;
         # INSERT OR IGNORE still settles a race with another writer of the same bytes.
-        if not self._exists_sync(conn, digest):
+        if self._refresh_sync(conn, digest, now):
+            if not had_transaction and conn.in_transaction:
+                conn.commit()
+        else:
             with self._checkpoint_deferred(conn, len(data)):
                 conn.execute(
-                    f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata) '
-                    'VALUES (?, ?, ?, ?, ?)',
-                    (digest, context.media_type, data, len(data), encode_metadata(context.metadata)),
+                    f'INSERT OR IGNORE INTO "{self._table}" '
+                    '(sha256, media_type, bytes, size_bytes, metadata, stored_at) VALUES (?, ?, ?, ?, ?, ?)',
+                    (digest, context.media_type, data, len(data), encode_metadata(context.metadata), now),
                 )
                 if not had_transaction and conn.in_transaction:
                     conn.commit()
@@ -202,12 +253,13 @@ class SqliteMediaStore:
         """Write `data` as chunk rows while a helper thread hashes it, then add the blob's row.
 
         The digest names the row, so the chunks go under a fresh `blob_id` that the row then
-        points to; if a row of that digest exists by then, the transaction is rolled back and the
-        stored blob is left as it is (first put wins).
+        points to; if a row of that digest exists by then, the chunks are rolled back and the
+        stored blob is left as it is (first put wins), its `stored_at` refreshed.
         """
         hashing = Sha256Thread(data)
         try:
             with self._checkpoint_deferred(conn, len(data)), write_transaction(conn, _SAVEPOINT):
+                conn.execute(f'SAVEPOINT {_CHUNKS_SAVEPOINT}')
                 (blob_id,) = conn.execute(f'SELECT coalesce(max(blob_id), 0) + 1 FROM "{self._chunks}"').fetchone()
                 view, step = memoryview(data), self.chunk_bytes
                 conn.executemany(
@@ -218,15 +270,27 @@ class SqliteMediaStore:
                     ),
                 )
                 digest = hashing.hexdigest()
-                inserted = conn.execute(
-                    f'INSERT OR IGNORE INTO "{self._table}" (sha256, media_type, bytes, size_bytes, metadata, blob_id) '
-                    'VALUES (?, ?, ?, ?, ?, ?)',
-                    (digest, context.media_type, b'', len(data), encode_metadata(context.metadata), blob_id),
-                ).rowcount
-                if not inserted:
-                    raise _AlreadyStored
-        except _AlreadyStored:
-            pass
+                # The chunks took the write lock: nothing can delete or add this row until the commit.
+                if self._exists_sync(conn, digest):
+                    conn.execute(f'ROLLBACK TO {_CHUNKS_SAVEPOINT}')
+                    conn.execute(f'RELEASE {_CHUNKS_SAVEPOINT}')
+                    self._refresh_sync(conn, digest, time.time())
+                else:
+                    conn.execute(f'RELEASE {_CHUNKS_SAVEPOINT}')
+                    conn.execute(
+                        f'INSERT INTO "{self._table}" '
+                        '(sha256, media_type, bytes, size_bytes, metadata, blob_id, stored_at) '
+                        'VALUES (?, ?, ?, ?, ?, ?, ?)',
+                        (
+                            digest,
+                            context.media_type,
+                            b'',
+                            len(data),
+                            encode_metadata(context.metadata),
+                            blob_id,
+                            time.time(),
+                        ),
+                    )
         finally:
             hashing.join()
         return hashing.hexdigest()
@@ -294,6 +358,35 @@ class SqliteMediaStore:
             raise
         return chunks, feed, size
 
+    def _refresh_sync(self, conn: sqlite3.Connection, digest: str, now: float) -> bool:
+        """Mark a stored blob as put `now`; `False` if there is no such row."""
+        query = f'UPDATE "{self._table}" SET stored_at = ? WHERE sha256 = ?'
+        return conn.execute(query, (now, digest)).rowcount > 0
+
+    def _page_sync(self, conn: sqlite3.Connection, after: object) -> list[tuple[object, int, float]]:
+        """`(sha256, size, stored_at)` of the next rows after `after`; NULL `stored_at` (older rows) reads as 0."""
+        query = f'SELECT sha256, size_bytes, stored_at FROM "{self._table}" WHERE sha256 > ? ORDER BY sha256 LIMIT ?'
+        rows: list[tuple[object, int, float]] = []
+        for digest, size, stored_at in conn.execute(query, (after, _LIST_BATCH)):
+            put_at = 0.0 if stored_at is None else stored_at if isinstance(stored_at, int | float) else time.time()
+            rows.append((digest, size if isinstance(size, int) else 0, float(put_at)))
+        return rows
+
+    def _delete_sync(self, conn: sqlite3.Connection, digest: str, before: float | None) -> bool:
+        condition, parameters = (
+            ('', (digest,)) if before is None else (' AND coalesce(stored_at, 0) < ?', (digest, before))
+        )
+        with write_transaction(conn, _DELETE_SAVEPOINT):
+            row = conn.execute(
+                f'SELECT blob_id FROM "{self._table}" WHERE sha256 = ?{condition}', parameters
+            ).fetchone()
+            if row is None:
+                return False
+            conn.execute(f'DELETE FROM "{self._table}" WHERE sha256 = ?{condition}', parameters)
+            if row[0] is not None:
+                conn.execute(f'DELETE FROM "{self._chunks}" WHERE blob_id = ?', (row[0],))
+        return True
+
     def _exists_sync(self, conn: sqlite3.Connection, digest: str) -> bool:
         return conn.execute(f'SELECT 1 FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone() is not None
 
@@ -342,10 +435,11 @@ class SqliteMediaStore:
         conn.execute(
             f'CREATE TABLE IF NOT EXISTS "{self._table}" ('
             'sha256 TEXT PRIMARY KEY, media_type TEXT, bytes BLOB NOT NULL, '
-            'size_bytes INTEGER NOT NULL, metadata TEXT)'
+            'size_bytes INTEGER NOT NULL, metadata TEXT, blob_id INTEGER, stored_at REAL)'
         )
         columns = {row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")')}
-        for column, declaration in (('media_type', 'TEXT'), ('metadata', 'TEXT'), ('blob_id', 'INTEGER')):
+        migrations = (('media_type', 'TEXT'), ('metadata', 'TEXT'), ('blob_id', 'INTEGER'), ('stored_at', 'REAL'))
+        for column, declaration in migrations:
             if column not in columns:
                 conn.execute(f'ALTER TABLE "{self._table}" ADD COLUMN {column} {declaration}')
         conn.execute(
