@@ -207,7 +207,7 @@ def test_reset_keep_and_a_file_store(tmp_path: Path) -> None:
     assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', store).stdout)) == 6
 
     reset = play(tmp_path, '--store', store)
-    assert 'reset: deleted the previous demo store (6 runs); --keep keeps it' in reset
+    assert 'reset: deleted the 6 runs of the previous demo; --keep keeps them' in reset
     assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', store).stdout)) == 3
 
 

@@ -64,7 +64,7 @@ async def test_a_repeat_put_only_refreshes_stored_at(tmp_path: Path, chunk_bytes
     store.close()
 
 
-async def test_an_older_table_gets_stored_at_and_its_rows_read_as_put_in_1970(tmp_path: Path) -> None:
+async def test_an_older_table_reads_as_put_in_1970_and_gets_stored_at_at_the_first_put(tmp_path: Path) -> None:
     path = tmp_path / 'old.db'
     with sqlite3.connect(path) as old:
         old.execute(
@@ -78,8 +78,9 @@ async def test_an_older_table_gets_stored_at_and_its_rows_read_as_put_in_1970(tm
     old.close()
     store = SqliteMediaStore(database=path)
     assert await listed(store) == {media_uri_for(b'old one'): (7, EPOCH), media_uri_for(b'old two'): (7, EPOCH)}
-    assert 'stored_at' in {row[1] for row in query(path, 'PRAGMA table_info(media)')}
+    assert 'stored_at' not in {row[1] for row in query(path, 'PRAGMA table_info(media)')}  # reads never migrate
     await store.put(b'old two')  # put again: no longer old
+    assert 'stored_at' in {row[1] for row in query(path, 'PRAGMA table_info(media)')}
     assert await store.delete(media_uri_for(b'old one'), stored_before=datetime.now(UTC) - timedelta(days=1))
     assert not await store.delete(media_uri_for(b'old two'), stored_before=datetime.now(UTC) - timedelta(days=1))
     assert await store.get(media_uri_for(b'old two')) == b'old two'
@@ -163,3 +164,29 @@ async def test_listing_a_memory_database_shared_with_a_caller(tmp_path: Path) ->
     assert await store.delete(uri, stored_before=datetime.now(UTC) + timedelta(seconds=1)) is True
     assert await listed(store) == {}
     connection.close()
+
+
+async def test_reads_of_a_database_without_the_table_create_nothing(tmp_path: Path) -> None:
+    path = tmp_path / 'other.db'
+    with sqlite3.connect(path) as other:
+        other.execute('CREATE TABLE unrelated (x)')
+    other.close()
+    store = SqliteMediaStore(database=path)
+    uri = media_uri_for(b'absent')
+    assert await listed(store) == {}
+    assert not await store.exists(uri) and not await store.delete(uri)
+    with pytest.raises(FileNotFoundError):
+        await store.get(uri)
+    with pytest.raises(FileNotFoundError):
+        await store.get_metadata(uri)
+    store.close()
+    assert query(path, "SELECT name FROM sqlite_master WHERE type = 'table'") == [('unrelated',)]
+
+
+async def test_a_database_the_store_creates_is_owner_only_with_incremental_vacuum(tmp_path: Path) -> None:
+    path = tmp_path / 'new' / 'media.db'
+    async with SqliteMediaStore(database=path) as store:
+        uri = await store.put(b'x' * 100_000)
+        assert await store.delete(uri)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert query(path, 'PRAGMA auto_vacuum') == [(2,)]  # incremental

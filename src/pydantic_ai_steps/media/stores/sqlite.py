@@ -68,13 +68,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
-from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
 
 import anyio.to_thread
 
-from ..._sqlite import BackgroundCheckpointer, enable_wal, require_cross_thread_use, write_transaction
+from ..._sqlite import BackgroundCheckpointer, open_database, require_cross_thread_use, write_transaction
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
@@ -98,6 +97,7 @@ _CHUNKS_SAVEPOINT = 'pydantic_ai_steps_media_chunks'
 _DELETE_SAVEPOINT = 'pydantic_ai_steps_media_delete'
 _DIGEST = re.compile(r'[0-9a-f]{64}')
 _LIST_BATCH = 1000
+_COLUMNS = frozenset({'sha256', 'media_type', 'bytes', 'size_bytes', 'metadata', 'blob_id', 'stored_at'})
 """`list_blobs` reads this many rows per turn of the lock."""
 _R = TypeVar('_R')
 
@@ -168,20 +168,20 @@ class SqliteMediaStore:
 
     async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
         digest = parse_media_uri(uri)
-        return await self._run(lambda conn: self._exists_sync(conn, digest))
+        return await self._read(lambda conn, columns: self._exists_sync(conn, digest, columns))
 
     async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
         return await resolve_public_url(self._public_url, uri, context)
 
     async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str]:
         digest = parse_media_uri(uri)
-        return await self._run(lambda conn: self._metadata_sync(conn, digest, uri))
+        return await self._read(lambda conn, columns: self._metadata_sync(conn, digest, uri, columns))
 
     async def list_blobs(self) -> AsyncIterator[BlobInfo]:
         """Every blob in the table, with its size and when it was last put (`stored_at`, UTC)."""
         after: object = ''  # other code's rows may hold a BLOB there, which sorts after every text
         while True:
-            rows = await self._run(lambda conn, after=after: self._page_sync(conn, after))
+            rows = await self._read(lambda conn, columns, after=after: self._page_sync(conn, after, columns))
             for digest, size, stored_at in rows:
                 if isinstance(digest, str) and _DIGEST.fullmatch(digest):
                     yield BlobInfo(uri=uri_for_digest(digest), size=size, stored_at=utc_from_timestamp(stored_at))
@@ -198,7 +198,7 @@ class SqliteMediaStore:
         digest = parse_media_uri(uri)
         cutoff = check_stored_before(stored_before)
         before = None if cutoff is None else cutoff.timestamp()
-        return await self._run(lambda conn: self._delete_sync(conn, digest, before))
+        return await self._read(lambda conn, columns: self._delete_sync(conn, digest, before, columns))
 
     def close(self) -> None:
         """Close the connection this store opened (a caller's `connection=` is left alone).
@@ -271,7 +271,7 @@ class SqliteMediaStore:
                 )
                 digest = hashing.hexdigest()
                 # The chunks took the write lock: nothing can delete or add this row until the commit.
-                if self._exists_sync(conn, digest):
+                if self._exists_sync(conn, digest, _COLUMNS):
                     conn.execute(f'ROLLBACK TO {_CHUNKS_SAVEPOINT}')
                     conn.execute(f'RELEASE {_CHUNKS_SAVEPOINT}')
                     self._refresh_sync(conn, digest, time.time())
@@ -321,7 +321,8 @@ class SqliteMediaStore:
     def _get_verified(self, digest: str, uri: str) -> bytes:
         """Read the blob under the lock, then check it against `digest` once the lock is released."""
         with self._lock:
-            stored = self._get_sync(self._conn(), digest, uri)
+            conn = self._open()
+            stored = self._get_sync(conn, digest, uri, self._columns(conn))
         if isinstance(stored, bytes):
             data, actual, detail = stored, hashlib.sha256(stored).hexdigest(), ''
         else:
@@ -332,10 +333,14 @@ class SqliteMediaStore:
             raise MediaIntegrityError.damaged(uri, len(data), f'in table {self._table!r}', detail)
         return data
 
-    def _get_sync(self, conn: sqlite3.Connection, digest: str, uri: str) -> bytes | tuple[list[bytes], Sha256Feed, int]:
+    def _get_sync(
+        self, conn: sqlite3.Connection, digest: str, uri: str, columns: frozenset[str]
+    ) -> bytes | tuple[list[bytes], Sha256Feed, int]:
         """An inline row's bytes, or a chunked blob's chunks with their digest being computed and the row's size."""
-        query = f'SELECT bytes, blob_id, size_bytes FROM "{self._table}" WHERE sha256 = ?'
-        row = conn.execute(query, (digest,)).fetchone()
+        row = None
+        if columns:
+            query = f'SELECT bytes, {_column(columns, "blob_id")}, size_bytes FROM "{self._table}" WHERE sha256 = ?'
+            row = conn.execute(query, (digest,)).fetchone()
         if row is None:
             raise FileNotFoundError(f'media not found: {uri}')
         value: object = row[0]
@@ -363,22 +368,32 @@ class SqliteMediaStore:
         query = f'UPDATE "{self._table}" SET stored_at = ? WHERE sha256 = ?'
         return conn.execute(query, (now, digest)).rowcount > 0
 
-    def _page_sync(self, conn: sqlite3.Connection, after: object) -> list[tuple[object, int, float]]:
+    def _page_sync(
+        self, conn: sqlite3.Connection, after: object, columns: frozenset[str]
+    ) -> list[tuple[object, int, float]]:
         """`(sha256, size, stored_at)` of the next rows after `after`; NULL `stored_at` (older rows) reads as 0."""
-        query = f'SELECT sha256, size_bytes, stored_at FROM "{self._table}" WHERE sha256 > ? ORDER BY sha256 LIMIT ?'
         rows: list[tuple[object, int, float]] = []
+        if not columns:
+            return rows
+        stored = _column(columns, 'stored_at')
+        query = f'SELECT sha256, size_bytes, {stored} FROM "{self._table}" WHERE sha256 > ? ORDER BY sha256 LIMIT ?'
         for digest, size, stored_at in conn.execute(query, (after, _LIST_BATCH)):
             put_at = 0.0 if stored_at is None else stored_at if isinstance(stored_at, int | float) else time.time()
             rows.append((digest, size if isinstance(size, int) else 0, float(put_at)))
         return rows
 
-    def _delete_sync(self, conn: sqlite3.Connection, digest: str, before: float | None) -> bool:
+    def _delete_sync(
+        self, conn: sqlite3.Connection, digest: str, before: float | None, columns: frozenset[str]
+    ) -> bool:
+        if not columns:
+            return False
+        stored = _column(columns, 'stored_at')
         condition, parameters = (
-            ('', (digest,)) if before is None else (' AND coalesce(stored_at, 0) < ?', (digest, before))
+            ('', (digest,)) if before is None else (f' AND coalesce({stored}, 0) < ?', (digest, before))
         )
         with write_transaction(conn, _DELETE_SAVEPOINT):
             row = conn.execute(
-                f'SELECT blob_id FROM "{self._table}" WHERE sha256 = ?{condition}', parameters
+                f'SELECT {_column(columns, "blob_id")} FROM "{self._table}" WHERE sha256 = ?{condition}', parameters
             ).fetchone()
             if row is None:
                 return False
@@ -387,11 +402,19 @@ class SqliteMediaStore:
                 conn.execute(f'DELETE FROM "{self._chunks}" WHERE blob_id = ?', (row[0],))
         return True
 
-    def _exists_sync(self, conn: sqlite3.Connection, digest: str) -> bool:
-        return conn.execute(f'SELECT 1 FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone() is not None
+    def _exists_sync(self, conn: sqlite3.Connection, digest: str, columns: frozenset[str]) -> bool:
+        return (
+            bool(columns)
+            and conn.execute(f'SELECT 1 FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone() is not None
+        )
 
-    def _metadata_sync(self, conn: sqlite3.Connection, digest: str, uri: str) -> dict[str, str]:
-        row = conn.execute(f'SELECT metadata FROM "{self._table}" WHERE sha256 = ?', (digest,)).fetchone()
+    def _metadata_sync(
+        self, conn: sqlite3.Connection, digest: str, uri: str, columns: frozenset[str]
+    ) -> dict[str, str]:
+        row = None
+        if columns:
+            query = f'SELECT {_column(columns, "metadata")} FROM "{self._table}" WHERE sha256 = ?'
+            row = conn.execute(query, (digest,)).fetchone()
         if row is None:
             raise FileNotFoundError(f'media not found: {uri}')
         raw: object = row[0]
@@ -411,17 +434,32 @@ class SqliteMediaStore:
         with self._lock:
             return body(self._conn())
 
-    def _conn(self) -> sqlite3.Connection:
-        """The connection, opened (on this worker thread) and given its schema on first use; call under the lock."""
+    async def _read(self, body: Callable[[sqlite3.Connection, frozenset[str]], _R]) -> _R:
+        """Run `body` with the table's columns (none: no table yet); a read never creates or migrates it."""
+        return await anyio.to_thread.run_sync(self._read_locked, body)
+
+    def _read_locked(self, body: Callable[[sqlite3.Connection, frozenset[str]], _R]) -> _R:
+        with self._lock:
+            conn = self._open()
+            return body(conn, self._columns(conn))
+
+    def _columns(self, conn: sqlite3.Connection) -> frozenset[str]:
+        if self._schema_ready:
+            return _COLUMNS
+        return frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")'))
+
+    def _open(self) -> sqlite3.Connection:
+        """The connection, opened on first use (on this worker thread); call under the lock."""
         conn = self._connection
         if conn is None:
             assert self._database is not None
-            if self._database != _MEMORY:
-                Path(self._database).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self._database, isolation_level=None, check_same_thread=False, timeout=30)
-            enable_wal(conn)
-            conn.execute(f'PRAGMA synchronous={"FULL" if self.durable else "NORMAL"}')
+            conn = open_database(self._database, durable=self.durable, timeout=30)
             self._connection = conn
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        """The connection for a write, its schema created or migrated on first use; call under the lock."""
+        conn = self._open()
         if not self._schema_ready:
             if self.durable and not self._owns_connection and not conn.in_transaction:
                 conn.execute('PRAGMA synchronous=FULL')
@@ -448,3 +486,8 @@ class SqliteMediaStore:
         )
         if not in_transaction:
             self._schema_ready = True
+
+
+def _column(columns: frozenset[str], name: str) -> str:
+    """`name`, or `NULL` in a table from before that column (a read never adds it)."""
+    return name if name in columns else 'NULL'
