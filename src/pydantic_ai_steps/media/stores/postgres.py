@@ -19,8 +19,9 @@ row lock, so a blob put again during collection is never lost.
 
 Connections: like `PostgresStepStore`, exactly one of a caller's `pool` or `dsn=`; each call uses
 one connection and returns it. The table is created (or an upstream one given its extra columns,
-additively, under an advisory lock) by the first call that finds it missing or older: reads of a
-table that does not exist find nothing and create nothing.
+additively, under an advisory lock) by the first write (a put, a delete): reads create nothing, find
+nothing in a table that does not exist, and read upstream's table as it is (its blobs list as just
+stored, so garbage collection keeps them until the table is widened).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class PostgresMediaStore:
         self._public_url = public_url
         self._ready = False
         """The table exists with every column this release uses."""
+        self._legacy = False
+        """The table is upstream's, not widened yet: reads do without `chunks` and `stored_at`."""
 
     @property
     def table(self) -> str:
@@ -149,7 +152,8 @@ class PostgresMediaStore:
         async def read(conn: PostgresConnection) -> tuple[bytes, int | None, int]:
             if not await self._ensure(conn, create=False):
                 raise FileNotFoundError(f'media not found: {uri}')
-            row = await conn.fetchrow(f'SELECT bytes, chunks, size_bytes FROM {t} WHERE sha256 = $1', digest)
+            chunks_column = 'NULL' if self._legacy else 'chunks'
+            row = await conn.fetchrow(f'SELECT bytes, {chunks_column}, size_bytes FROM {t} WHERE sha256 = $1', digest)
             if row is None:
                 raise FileNotFoundError(f'media not found: {uri}')
             value, chunks, size = row[0], row[1], row[2]
@@ -213,8 +217,9 @@ class PostgresMediaStore:
             async def page(conn: PostgresConnection, after: str = after) -> list[tuple[str, int, datetime]]:
                 if not await self._ensure(conn, create=False):
                     return []
+                stored_at = 'now()' if self._legacy else 'stored_at'  # never collected before it is widened
                 rows = await conn.fetch(
-                    f'SELECT sha256, size_bytes, stored_at FROM {self._table} WHERE sha256 > $1 '
+                    f'SELECT sha256, size_bytes, {stored_at} FROM {self._table} WHERE sha256 > $1 '
                     f'ORDER BY sha256 LIMIT {_LIST_PAGE}',
                     after,
                 )
@@ -234,6 +239,8 @@ class PostgresMediaStore:
         async def delete(conn: PostgresConnection) -> bool:
             if not await self._ensure(conn, create=False):
                 return False
+            if self._legacy:
+                await self._ensure(conn, create=True)
             removed = await conn.fetchval(
                 f'WITH gone AS (DELETE FROM {self._table} WHERE sha256 = $1 '
                 'AND ($2::timestamptz IS NULL OR stored_at < $2::timestamptz) RETURNING sha256), '
@@ -265,13 +272,16 @@ class PostgresMediaStore:
 
     async def _ensure(self, conn: PostgresConnection, *, create: bool) -> bool:
         """Whether the table exists (with this release's columns, added if missing); created if asked."""
-        if self._ready:
+        if self._ready or (self._legacy and not create):
             return True
         columns = await self._columns(conn)
         if not columns and not create:
             return False
         if columns >= {'stored_at', 'chunks'}:
-            self._ready = True
+            self._ready, self._legacy = True, False
+            return True
+        if not create:  # upstream's table: read it as it is, widen it on the first write
+            self._legacy = True
             return True
         t = self._table
         async with conn.transaction():
@@ -285,7 +295,7 @@ class PostgresMediaStore:
                 f'CREATE TABLE IF NOT EXISTS {self._chunks} (sha256 text NOT NULL, idx integer NOT NULL, '
                 'data bytea NOT NULL, PRIMARY KEY (sha256, idx))'
             )
-        self._ready = True
+        self._ready, self._legacy = True, False
         return True
 
     async def _columns(self, conn: PostgresConnection) -> set[str]:
