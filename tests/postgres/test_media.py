@@ -137,7 +137,8 @@ async def test_upstream_one_row_table_reads_and_gets_the_new_columns(media: Post
         # Upstream's own insert (naming its five columns) still works on the widened table.
         other = b'a later upstream put'
         await conn.execute(
-            f'INSERT INTO {media.table} (sha256, media_type, bytes, size_bytes, metadata) VALUES ($1, NULL, $2, $3, NULL)',
+            f'INSERT INTO {media.table} (sha256, media_type, bytes, size_bytes, metadata) '
+            'VALUES ($1, NULL, $2, $3, NULL)',
             hashlib.sha256(other).hexdigest(),
             other,
             len(other),
