@@ -42,6 +42,7 @@ __all__ = [
 _R = TypeVar('_R')
 DEFAULT_ACQUIRE_TIMEOUT = 30.0
 DEFAULT_POOL_OPTIONS: Mapping[str, Any] = {'min_size': 1, 'max_size': 10}
+_RETRIES = 3
 
 
 @runtime_checkable
@@ -206,7 +207,7 @@ class Connections:
         )
 
     async def run(self, body: Callable[[PostgresConnection], Awaitable[_R]], *, replay_safe: bool) -> _R:
-        """`body(conn)` on one connection; once more on another if the first was dead and it is safe to."""
+        """`body(conn)` on one connection; again on another (up to three times) if it was dead and that is safe."""
         retried = 0
         while True:
             try:
@@ -214,7 +215,9 @@ class Connections:
                     return await body(conn)
             except Exception as error:
                 kind = disconnect_kind(error)
-                if retried < 2 and (kind == 'unsent' or (kind == 'ambiguous' and replay_safe and not retried)):
+                # A restart leaves every pooled connection dead, so a replay-safe call may meet
+                # several in a row; each failed one is discarded by the pool.
+                if retried < _RETRIES and (kind == 'unsent' or (kind == 'ambiguous' and replay_safe)):
                     retried += 1
                     continue
                 raise
