@@ -167,7 +167,7 @@ class Connections:
                 'a PostgreSQL store opened with dsn= needs asyncpg: pip install "pydantic-ai-steps[postgres]"'
             ) from None
         assert self._dsn is not None
-        return await asyncpg.create_pool(self._dsn, **self._pool_options)  # pyright: ignore[reportUnknownMemberType]
+        return await asyncpg.create_pool(self._dsn, **owned_pool_options(self._pool_options))  # pyright: ignore[reportUnknownMemberType]
 
     def _abandon(self) -> None:
         """Drop a pool opened in another (finished) event loop: its connections cannot be used from this one."""
@@ -241,6 +241,26 @@ class Connections:
         else:
             with contextlib.suppress(Exception):
                 pool.terminate()
+
+
+async def _no_reset(connection: object) -> None:
+    """The stores' statements leave no session state (no `SET`, no `LISTEN`, only transaction-scoped
+    advisory locks), so a connection needs no reset query when it goes back to the store's own pool:
+    asyncpg's default sends one on every release, a second round trip for every call."""
+    del connection
+
+
+def owned_pool_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`asyncpg.create_pool` keywords for a pool a store opens: `options`, and no reset on release
+    (unless `options` chooses one, or this asyncpg, before 0.30, has no such option)."""
+    import inspect
+
+    import asyncpg  # pyright: ignore[reportMissingTypeStubs]
+
+    chosen = dict(options)
+    if 'reset' in inspect.signature(asyncpg.create_pool).parameters:  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+        chosen.setdefault('reset', _no_reset)
+    return chosen
 
 
 def _pool_size(pool: Any) -> int | None:
