@@ -19,7 +19,6 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 
 from pydantic_ai_steps.step_persistence import ContinuableSnapshot, StepEvent, open_step_store
 
-
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
