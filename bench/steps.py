@@ -388,10 +388,14 @@ def report(backends: list[Backend], agent_step: dict[int, float], short_baseline
 async def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or '').splitlines()[0])
     parser.add_argument('--quick', action='store_true', help='small workloads, for a smoke test')
+    parser.add_argument('--only', help="comma-separated store labels to measure, e.g. 'postgres,harness postgres'")
     args = parser.parse_args()
     repeats_100, repeats_400, short_count, list_count = (1, 1, 20, 1000) if args.quick else (5, 5, 200, 10_000)
     steps_long = 120 if args.quick else 400
     backends = our_backends() + harness_backends()
+    if args.only:
+        wanted = {label.strip() for label in args.only.split(',')}
+        backends = [backend for backend in backends if backend.label in wanted]
     if not any(backend.label.startswith('harness') for backend in backends):
         print('pydantic_ai_harness is not installed: measuring this package only', file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix='steps-bench-') as scratch_name:
