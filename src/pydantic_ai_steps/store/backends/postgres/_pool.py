@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import anyio
 
-from ...._errors import StoreUnavailableError
+from ...._errors import StepsError, StoreUnavailableError
 
 __all__ = [
     'Connections',
@@ -83,6 +83,8 @@ def sqlstate(error: BaseException) -> str | None:
 
 def disconnect_kind(error: BaseException) -> Literal['unsent', 'ambiguous'] | None:
     """Whether `error` says the connection is gone: before the statement was sent, or maybe after."""
+    if isinstance(error, StepsError):
+        return None  # ours (a pool that stayed full) is not a dead connection: waiting again would not help
     name = type(error).__name__
     text = str(error)
     if name == 'InterfaceError' and any(part in text for part in _UNSENT[:2]):
