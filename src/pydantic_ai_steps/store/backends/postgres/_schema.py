@@ -169,15 +169,15 @@ def _commit_function(t: str) -> str:
     effects = ', '.join(EFFECT_FIELDS)
     effect_arrays = ', '.join(f'f_{name}' for name in EFFECT_FIELDS)
     effect_updates = ', '.join(f'{name} = EXCLUDED.{name}' for name in EFFECT_FIELDS[2:])
+    effect_firsts = ', '.join(f'f_{name}[1]' for name in EFFECT_FIELDS)
     events = ', '.join(EVENT_FIELDS)
     event_arrays = ', '.join(f'e_{name}' for name in EVENT_FIELDS)
     return f"""
 CREATE OR REPLACE FUNCTION {t}_commit({params}) RETURNS integer LANGUAGE plpgsql AS $commit$
 DECLARE
   v_end integer;
-  v_others text[];
-  v_found integer;
-  v_missing text;
+  v_run text;
+  v_claimed boolean;
   v_result integer := NULL;
 BEGIN
   IF r_run_id IS NOT NULL THEN
@@ -186,36 +186,37 @@ BEGIN
       RAISE EXCEPTION USING ERRCODE = '{RUN_EXISTS}', MESSAGE = r_run_id;
     END IF;
   END IF;
-  -- Every other run written for must exist, and stays until this commits (a delete waits).
-  v_others := ARRAY(SELECT DISTINCT u FROM unnest(run_ids) AS u
-                    WHERE u IS DISTINCT FROM r_run_id AND u IS DISTINCT FROM s_run_id);
-  IF cardinality(v_others) > 0 THEN
-    SELECT count(*) INTO v_found FROM (SELECT 1 FROM {t}_runs WHERE run_id = ANY (v_others) FOR KEY SHARE) AS held;
-    IF v_found < cardinality(v_others) THEN
-      SELECT u INTO v_missing FROM unnest(v_others) AS u WHERE NOT EXISTS (SELECT 1 FROM {t}_runs WHERE run_id = u);
-      RAISE EXCEPTION USING ERRCODE = '{RUN_MISSING}', MESSAGE = v_missing;
-    END IF;
-  END IF;
-  IF s_run_id IS NOT NULL THEN
-    -- The run's row lock orders writers of one run; its log_size says where the log ends.
-    SELECT log_size INTO v_end FROM {t}_runs WHERE run_id = s_run_id FOR NO KEY UPDATE;
+  -- Every other run written for must exist, and stays until this commits (a delete waits for it).
+  FOREACH v_run IN ARRAY run_ids LOOP
+    CONTINUE WHEN v_run IS NOT DISTINCT FROM r_run_id OR v_run IS NOT DISTINCT FROM s_run_id;
+    PERFORM 1 FROM {t}_runs WHERE run_id = v_run FOR KEY SHARE;
     IF NOT FOUND THEN
-      RAISE EXCEPTION USING ERRCODE = '{RUN_MISSING}', MESSAGE = s_run_id;
+      RAISE EXCEPTION USING ERRCODE = '{RUN_MISSING}', MESSAGE = v_run;
     END IF;
-    IF s_expected IS NOT NULL AND s_expected <> v_end THEN
-      RAISE EXCEPTION USING ERRCODE = '{LOG_MOVED}', MESSAGE = s_run_id;  -- stale: nothing stays written
-    END IF;
+  END LOOP;
+  IF s_run_id IS NOT NULL THEN
+    v_claimed := true;
     IF s_idempotency_key IS NOT NULL THEN
       INSERT INTO {t}_snapshot_keys (run_id, idempotency_key) VALUES (s_run_id, s_idempotency_key)
         ON CONFLICT DO NOTHING;
+      v_claimed := FOUND;
     END IF;
-    IF s_idempotency_key IS NULL OR FOUND THEN
+    IF v_claimed THEN
+      -- One statement takes the run's row lock (which orders writers of one run), checks that the log
+      -- ends where this writer saw it end, and moves the end past the appends.
+      UPDATE {t}_runs SET log_size = log_size + cardinality(s_texts)
+        WHERE run_id = s_run_id AND (s_expected IS NULL OR log_size = s_expected)
+        RETURNING log_size INTO v_end;
+      IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM {t}_runs WHERE run_id = s_run_id) THEN
+          RAISE EXCEPTION USING ERRCODE = '{LOG_MOVED}', MESSAGE = s_run_id;  -- stale: nothing stays written
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = '{RUN_MISSING}', MESSAGE = s_run_id;
+      END IF;
       IF cardinality(s_texts) > 0 THEN
         INSERT INTO {t}_message_log (run_id, log_index, position, message)
-          SELECT s_run_id, v_end + a.ord::integer - 1, a.pos, a.txt
+          SELECT s_run_id, v_end - cardinality(s_texts) + a.ord::integer - 1, a.pos, a.txt
           FROM unnest(s_positions, s_texts) WITH ORDINALITY AS a(pos, txt, ord);
-        v_end := v_end + cardinality(s_texts);
-        UPDATE {t}_runs SET log_size = v_end WHERE run_id = s_run_id;
       END IF;
       INSERT INTO {t}_snapshots (run_id, step_index, conversation_id, parent_run_id, agent_name, timestamp, state,
                                  idempotency_key, message_count, log_size)
@@ -223,10 +224,18 @@ BEGIN
                 s_idempotency_key, s_message_count, v_end);
       v_result := v_end;
     ELSE
+      PERFORM 1 FROM {t}_runs WHERE run_id = s_run_id FOR KEY SHARE;
+      IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '{RUN_MISSING}', MESSAGE = s_run_id;
+      END IF;
       v_result := {SUPPRESSED_CODE};
     END IF;
   END IF;
-  IF cardinality(f_run_id) > 0 THEN
+  IF cardinality(f_run_id) = 1 THEN
+    INSERT INTO {t}_tool_effects ({effects}) VALUES ({effect_firsts})
+      ON CONFLICT (run_id, tool_call_id) DO UPDATE SET {effect_updates};
+  ELSIF cardinality(f_run_id) > 1 THEN
+    -- The last entry of a call wins, as if each had been written in turn.
     INSERT INTO {t}_tool_effects ({effects})
       SELECT {effects} FROM (
         SELECT DISTINCT ON (x.run_id, x.tool_call_id) x.* FROM unnest({effect_arrays}) WITH ORDINALITY
@@ -236,7 +245,7 @@ BEGIN
   END IF;
   IF cardinality(e_run_id) > 0 THEN
     INSERT INTO {t}_events ({events})
-      SELECT {events} FROM unnest({event_arrays}) WITH ORDINALITY AS x({events}, ord) ORDER BY x.ord
+      SELECT {events} FROM unnest({event_arrays}) AS x({events})
       ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
   END IF;
   IF cardinality(c_run_id) > 0 THEN
