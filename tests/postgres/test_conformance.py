@@ -74,12 +74,15 @@ class TestPostgresStepStoreAsyncpg(_PropertyTestOnItsOwnConnections):
         return lambda **options: PostgresStepStore(asyncpg_pool, table=prefix, **options)
 
 
-class TestPostgresStepStorePsycopg(_PropertyTestOnItsOwnConnections):
+class TestPostgresStepStorePsycopg(StepStoreConformance):
     persistent = True
 
     @pytest.fixture
     def make_store(self, psycopg_pool: Any, prefix: str) -> StoreFactory:
         return lambda **options: PostgresStepStore(psycopg_pool, table=prefix, **options)
+
+    def test_arbitrary_histories_round_trip_exactly(self) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
+        pytest.skip('runs in TestPostgresStepStoreAsyncpg: its texts are bound the same way through either driver')
 
 
 class TestPostgresStepStoreOwnPool(StepStoreConformance):
