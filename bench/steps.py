@@ -18,7 +18,9 @@ Workloads (the same for every store):
   100 conversations.
 
 If `pydantic_ai_harness` (the upstream package) is importable, its stores are measured on the
-same workloads and printed beside ours.
+same workloads and printed beside ours. With `TEST_POSTGRES_DSN` set (`scripts/services.sh start`
+exports it), so are the PostgreSQL stores (ours, and upstream's when it is installed), each run
+under a table prefix of its own, stored bytes being `pg_total_relation_size` of its tables.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import argparse
 import asyncio
 import gc
 import importlib
+import importlib.util
+import inspect
 import os
 import random
 import shutil
@@ -44,6 +48,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
+import pg_bench  # PostgreSQL helpers, from this directory
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import FileStepStore, InMemoryStepStore, RunRecord, SqliteStepStore
 
@@ -98,9 +103,10 @@ class Backend:
     """Builds the capability around a store."""
     make: Callable[[Path], Any]
     """Builds a store under a scratch directory."""
-    size: Callable[[Path, Any], int | None]
-    """Bytes the store holds (None: not measurable, e.g. in memory)."""
-    close: Callable[[Any], None] = lambda store: None
+    size: Callable[[Path, Any], Any]
+    """Bytes the store holds (None: not measurable, e.g. in memory); may be awaitable."""
+    close: Callable[[Any], Any] = lambda store: None
+    """Releases the store; may be awaitable."""
     results: dict[str, float | None] = field(default_factory=dict[str, 'float | None'])
 
 
@@ -118,6 +124,35 @@ def close_sqlite(store: Any) -> None:
         close()
 
 
+async def settled(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def postgres_backend(label: str, capability: Callable[[Any], Any], build: Callable[[str, str], Any]) -> Backend:
+    """A PostgreSQL store under a fresh prefix per store built; `build(url, prefix)` makes it."""
+    url = pg_bench.dsn()
+    assert url is not None
+    built: dict[int, tuple[str, Any]] = {}
+
+    def make(directory: Path) -> Any:
+        del directory
+        prefix = pg_bench.fresh_prefix('bench')
+        store, closer = build(url, prefix)
+        built[id(store)] = (prefix, closer)
+        return store
+
+    async def size(directory: Path, store: Any) -> int:
+        del directory
+        return await pg_bench.prefix_bytes(url, built[id(store)][0])
+
+    async def close(store: Any) -> None:
+        prefix, closer = built.pop(id(store))
+        await closer()
+        await pg_bench.drop_prefix(url, prefix)
+
+    return Backend(label, capability, make, size, close)
+
+
 def our_backends() -> list[Backend]:
     def capability(store: Any) -> Any:
         return StepPersistence(store=store, agent_name='bench')
@@ -132,7 +167,19 @@ def our_backends() -> list[Backend]:
             lambda d, s: (close_sqlite(s), tree_size(d))[1],
             close_sqlite,
         ),
+        *(
+            [postgres_backend('postgres', capability, _our_postgres)]
+            if pg_bench.dsn() is not None and importlib.util.find_spec('asyncpg') is not None
+            else []
+        ),
     ]
+
+
+def _our_postgres(url: str, prefix: str) -> tuple[Any, Callable[[], Any]]:
+    from pydantic_ai_steps.step_persistence import PostgresStepStore
+
+    store = PostgresStepStore(dsn=url, table=prefix)
+    return store, store.aclose
 
 
 def harness_backends() -> list[Backend]:
@@ -144,6 +191,10 @@ def harness_backends() -> list[Backend]:
 
     def capability(store: Any) -> Any:
         return persistence.StepPersistence(store=store, agent_name='bench')
+
+    def harness_postgres(url: str, prefix: str) -> tuple[Any, Callable[[], Any]]:
+        pool = pg_bench.LazyPool(url)
+        return persistence.PostgresStepStore(pool, table=prefix), pool.close
 
     def db_size(directory: Path, store: Any) -> int:
         del store
@@ -158,6 +209,7 @@ def harness_backends() -> list[Backend]:
             lambda d, s: tree_size(d / 'steps'),
         ),
         Backend('harness sqlite', capability, lambda d: persistence.SqliteStepStore(database=d / 'steps.db'), db_size),
+        *([postgres_backend('harness postgres', capability, harness_postgres)] if pg_bench.dsn() is not None else []),
     ]
 
 
@@ -181,9 +233,9 @@ async def per_step(backends: list[Backend], steps: int, repeats: int, scratch: P
             elapsed, history_bytes = await timed(agent)
             extra[backend.label].append(elapsed - plain_time)
             if steps == 100 and repeat == 0:
-                stored = backend.size(directory, store)
+                stored = await settled(backend.size(directory, store))
                 backend.results['stored'] = None if stored is None else stored / history_bytes
-            backend.close(store)
+            await settled(backend.close(store))
             shutil.rmtree(directory, ignore_errors=True)
     agent_step = statistics.median(plain_times) / steps
     for backend in backends:
@@ -218,7 +270,7 @@ async def short_runs(backends: list[Backend], runs: int, scratch: Path) -> float
     baseline = statistics.median(plain_times)
     for backend in backends:
         backend.results['short'] = statistics.median(times[backend.label]) / baseline
-        backend.close(agents[backend.label][1])
+        await settled(backend.close(agents[backend.label][1]))
     return baseline
 
 
@@ -246,7 +298,7 @@ async def list_runs_latency(
             if time.perf_counter() > budget:
                 break
         backend.results['list_ms'] = statistics.median(samples) * 1000
-        backend.close(store)
+        await settled(backend.close(store))
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -315,7 +367,7 @@ def report(backends: list[Backend], agent_step: dict[int, float], short_baseline
         f'2-step <= {TARGETS["short"]}x, list_runs <= {TARGETS["list_ms"]} ms'
     )
     for backend in backends:
-        if backend.label not in ('file', 'sqlite'):
+        if backend.label not in ('file', 'sqlite', 'postgres'):
             continue
         r = backend.results
         misses: list[str] = []
@@ -336,11 +388,15 @@ def report(backends: list[Backend], agent_step: dict[int, float], short_baseline
 async def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or '').splitlines()[0])
     parser.add_argument('--quick', action='store_true', help='small workloads, for a smoke test')
+    parser.add_argument('--only', help="comma-separated store labels to measure, e.g. 'postgres,harness postgres'")
     args = parser.parse_args()
     repeats_100, repeats_400, short_count, list_count = (1, 1, 20, 1000) if args.quick else (5, 5, 200, 10_000)
     steps_long = 120 if args.quick else 400
     backends = our_backends() + harness_backends()
-    if len(backends) == 3:
+    if args.only:
+        wanted = {label.strip() for label in args.only.split(',')}
+        backends = [backend for backend in backends if backend.label in wanted]
+    if not any(backend.label.startswith('harness') for backend in backends):
         print('pydantic_ai_harness is not installed: measuring this package only', file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix='steps-bench-') as scratch_name:
         scratch = Path(scratch_name)

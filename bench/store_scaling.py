@@ -9,6 +9,13 @@ snapshot with the closed entry and its event, through `write_records`), and prin
 cycle time around step 100 and over the last twenty cycles. A store whose cost per step grew
 with the history would show it in the last column.
 
+With `TEST_POSTGRES_DSN` set (`scripts/services.sh start` exports it) the PostgreSQL store is
+measured too, with two more columns from the same run: the *floor*, the same rows (the ledger
+entry and events; the new message texts, the snapshot row, the closed entry and its event)
+inserted by the bare driver in one autocommit statement per write, timed cycle by cycle beside
+the store's; and the statements the store sent per cycle (each one round trip), counted on the
+connections of its pool at every cycle.
+
     uv run python bench/store_scaling.py
 """
 
@@ -25,6 +32,8 @@ from typing import Any
 
 from pydantic_ai.messages import ModelMessage
 
+import pg_bench  # PostgreSQL helpers, from this directory
+from pydantic_ai_steps._json import compact_json
 from pydantic_ai_steps.step_persistence import (
     ContinuableSnapshot,
     FileStepStore,
@@ -35,13 +44,29 @@ from pydantic_ai_steps.step_persistence import (
     StepEvent,
     ToolEffectRecord,
 )
+from pydantic_ai_steps.store.codec import effect_dict, event_dict
+from pydantic_ai_steps.store.history import message_to_json
 from steps import UNLIMITED, make_agent  # the benchmark agent, from this directory
 
 STEPS = 400
 
 
-async def cycle_times(store: RecordBatchStore, history: list[ModelMessage]) -> list[float]:
-    """Seconds per tool cycle, for every cycle of the recorded history."""
+class Measured:
+    """Per-cycle figures beside the times: the floor's time and the statements sent."""
+
+    def __init__(self) -> None:
+        self.floor: list[float] = []
+        self.statements: list[int] = []
+
+
+async def cycle_times(
+    store: RecordBatchStore,
+    history: list[ModelMessage],
+    floor: Any = None,
+    counter: list[int] | None = None,
+    measured: Measured | None = None,
+) -> list[float]:
+    """Seconds per tool cycle, for every cycle of the recorded history (and the floor's, if given)."""
     opening = StepEvent(run_id='r', kind='run_started', step_index=0, idempotency_key='r:0')
     await store.write_records(run=RunRecord(run_id='r'), events=[opening])
     times: list[float] = []
@@ -56,10 +81,30 @@ async def cycle_times(store: RecordBatchStore, history: list[ModelMessage]) -> l
         done = StepEvent(run_id='r', kind='tool_call_completed', step_index=step + 1, idempotency_key=f'r:{step}:done')
         # After cycle `step` the history holds the first request, then a response and a request per cycle.
         snapshot = ContinuableSnapshot(run_id='r', step_index=step + 1, messages=history[: 2 * step + 3])
+        sent = counter[0] if counter is not None else 0
         start = time.perf_counter()
         await store.write_records(tool_effects=[started], events=events)
         await store.write_records(snapshot=snapshot, tool_effects=[closed], events=[done])
         times.append(time.perf_counter() - start)
+        if measured is not None and counter is not None:
+            measured.statements.append(counter[0] - sent)
+        if floor is not None and measured is not None:
+            first = [('effect', compact_json(effect_dict(started)))] + [
+                ('event', compact_json(event_dict(event))) for event in events
+            ]
+            new = history[2 * step + 1 : 2 * step + 3] if step else history[:3]
+            second = [('message', message_to_json(message)) for message in new] + [
+                (
+                    'snapshot',
+                    compact_json({'run_id': 'r', 'step_index': step + 1, 'message_count': len(snapshot.messages)}),
+                ),
+                ('effect', compact_json(effect_dict(closed))),
+                ('event', compact_json(event_dict(done))),
+            ]
+            start = time.perf_counter()
+            await floor.write('r', first)
+            await floor.write('r', second)
+            measured.floor.append(time.perf_counter() - start)
     return times
 
 
@@ -73,6 +118,7 @@ async def main() -> None:
     }
     print(f'store cost per tool cycle (two writes), {STEPS}-step history, outside any agent')
     print(f'{"store":8} {"steps 90-110":>13} {"last 20":>9} {"last / 100":>11}')
+    rows: list[str] = []
     for name, make in stores.items():
         root = Path(tempfile.mkdtemp(prefix=f'bench-scaling-{name}-'))
         try:
@@ -87,6 +133,49 @@ async def main() -> None:
             print(f'{name:8} {early * 1e6:>10.0f} us {late * 1e6:>6.0f} us {late / early:>10.2f}x')
         finally:
             shutil.rmtree(root, ignore_errors=True)
+    url = pg_bench.dsn()
+    if url is not None:
+        rows.append(await postgres_row(url, history))
+        for row in rows:
+            print(row)
+
+
+async def postgres_row(url: str, history: list[ModelMessage]) -> str:
+    """The PostgreSQL store beside its floor, cycle by cycle, with the statements it sent."""
+    from pydantic_ai_steps.step_persistence import PostgresStepStore
+
+    prefixes: list[str] = []
+    try:
+        for attempt in ('warm-up', 'measured'):
+            prefix = pg_bench.fresh_prefix('scaling')
+            prefixes.append(prefix)
+            pool = pg_bench.LazyPool(url, counting=True, store_pool=True)
+            store = PostgresStepStore(pool, table=prefix)
+            floor = pg_bench.Floor(url, prefix)
+            await floor.open()
+            measured = Measured()
+            try:
+                times = await cycle_times(store, history, floor, pool.statements, measured)
+            finally:
+                await floor.close()
+                await pool.close()
+            if attempt == 'measured':
+                early, late = statistics.median(times[89:110]), statistics.median(times[-20:])
+                floor_early = statistics.median(measured.floor[89:110])
+                floor_late = statistics.median(measured.floor[-20:])
+                low, high = min(measured.statements), max(measured.statements)
+                trips = f'{low}' if low == high else f'{low}-{high}'
+                return (
+                    f'{"postgres":8} {early * 1e6:>10.0f} us {late * 1e6:>6.0f} us {late / early:>10.2f}x\n'
+                    f'{"  floor":8} {floor_early * 1e6:>10.0f} us {floor_late * 1e6:>6.0f} us '
+                    f'{floor_late / floor_early:>10.2f}x\n'
+                    f'  postgres / floor: {early / floor_early:.2f}x near step 100, {late / floor_late:.2f}x over the '
+                    f'last 20; statements (round trips) per cycle: {trips} at every one of {len(times)} cycles'
+                )
+        raise AssertionError('unreachable')
+    finally:
+        for prefix in prefixes:
+            await pg_bench.drop_prefix(url, prefix)
 
 
 if __name__ == '__main__':

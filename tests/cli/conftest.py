@@ -11,6 +11,7 @@ to check the two agree.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -18,6 +19,7 @@ import select
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ import pytest
 
 from pydantic_ai_steps.cli import main
 from pydantic_ai_steps.step_persistence import StepStore
+from tests.conftest import require_env
 
 from .populate import Population, populate
 
@@ -174,8 +177,19 @@ def run_on_tty(*args: str, columns: int = 200, **env: str | None) -> CliResult:
     return CliResult(returncode, text(out_master), text(err_master))
 
 
+def postgres_prefix(root: Path) -> str:
+    """The table prefix of the PostgreSQL store "under" `root`: the same for every call with it."""
+    return 't_cli_' + hashlib.sha256(str(root).encode()).hexdigest()[:12]
+
+
 def open_store(kind: str, root: Path) -> tuple[StepStore, str]:
-    """A real store of `kind` under `root`, and the URL the CLI names it by."""
+    """A real store of `kind` under `root` (for PostgreSQL: a table prefix derived from it), and its URL."""
+    if kind == 'postgres':
+        from pydantic_ai_steps.step_persistence import PostgresStepStore
+
+        dsn = require_env('TEST_POSTGRES_DSN')['TEST_POSTGRES_DSN']
+        prefix = postgres_prefix(root)
+        return PostgresStepStore(dsn=dsn, table=prefix), f'{dsn}?table={prefix}'
     if kind == 'sqlite':
         from pydantic_ai_steps.step_persistence import SqliteStepStore
 
@@ -195,14 +209,25 @@ class PopulatedStore:
     runs: Population
 
 
-@pytest.fixture(scope='module', params=['sqlite', 'file'])
-def populated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> PopulatedStore:
+STORE_KINDS = ['sqlite', 'file', 'postgres']
+
+
+def drop_postgres_store(root: Path) -> None:
+    from tests.postgres.conftest import drop_prefix
+
+    drop_prefix(require_env('TEST_POSTGRES_DSN')['TEST_POSTGRES_DSN'], postgres_prefix(root))
+
+
+@pytest.fixture(scope='module', params=STORE_KINDS)
+def populated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PopulatedStore]:
     """One store of each shipped kind holding `populate`'s runs, shared by a module's tests."""
     kind: str = request.param
     root = tmp_path_factory.mktemp(kind)
     store, url = open_store(kind, root)
     runs = anyio.run(populate_and_close, store)
-    return PopulatedStore(kind, url, root, runs)
+    yield PopulatedStore(kind, url, root, runs)
+    if kind == 'postgres':
+        drop_postgres_store(root)
 
 
 async def populate_and_close(store: StepStore) -> Population:

@@ -181,10 +181,13 @@ def test_stats(populated: PopulatedStore) -> None:
         for run_id in vars(populated.runs).values()
     )
     assert stats['media_blobs'] == 2  # the big image and the big text; the small image stays inline
-    on_disk = sum(path.stat().st_size for path in populated.root.rglob('*') if path.is_file())
-    assert stats['bytes'] == on_disk
     table = ok('stats', '--store', populated.url)
-    assert f'bytes on disk       {on_disk:,} B' in table
+    if populated.kind == 'postgres':  # what the server keeps for the prefix's tables
+        assert stats['bytes'] > 0 and f'bytes on disk       {stats["bytes"]:,} B' in table
+    else:
+        on_disk = sum(path.stat().st_size for path in populated.root.rglob('*') if path.is_file())
+        assert stats['bytes'] == on_disk
+        assert f'bytes on disk       {on_disk:,} B' in table
     assert 'media blobs         2' in table
 
 

@@ -229,3 +229,29 @@ def test_model_without_its_key_is_one_line(tmp_path: Path) -> None:
         'without --model the demo uses scripted models\n'
     )
     assert not (tmp_path / 'steps-demo.db').exists()
+
+
+@pytest.mark.server
+def test_the_demo_and_every_command_it_suggests_on_postgres(tmp_path: Path) -> None:
+    """`--store postgresql://...`: the story, the SIGKILLed child writing to the server, every command shown."""
+    from tests.conftest import require_env
+    from tests.postgres.conftest import drop_prefix
+
+    dsn = require_env('TEST_POSTGRES_DSN')['TEST_POSTGRES_DSN']
+    prefix = f't_demo_{os.getpid()}'
+    store = f'{dsn}?table={prefix}'
+    try:
+        first = parse(tmp_path, play(tmp_path, '--store', store))
+        assert f'store:  {store} (new)' in first.output
+        commands = first.commands()
+        assert commands and all(args[-2:] == ['--store', store] for args in commands)
+        for args in commands:
+            first.run(args)
+        effects = json.loads(first.run(['effects', first.crashed, '--unresolved', '--json', '--store', store]))
+        assert [effect['idempotency_key'] for effect in effects] == [KEY]
+        kept = play(tmp_path, '--store', store, '--keep')
+        assert 'the tracker already has a comment with key' in ' '.join(kept.split())
+        assert len((tmp_path / 'steps-demo.outbox.jsonl').read_text().splitlines()) == 1  # posted once
+        assert len(json.loads(first.run(['runs', '--json', '--store', store]))) == 6
+    finally:
+        drop_prefix(dsn, prefix)

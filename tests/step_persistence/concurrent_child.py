@@ -1,6 +1,6 @@
 """Child process for the concurrency test: several persisted agent runs at once on one store.
 
-Usage: `python concurrent_child.py <file|sqlite> <location> <prefix> <runs> <steps> <out-dir>`.
+Usage: `python concurrent_child.py <file|sqlite|postgres> <location> <prefix> <runs> <steps> <out-dir>`.
 Each run `<prefix>-<n>` calls the `work` tool `steps` times (yielding to the other runs inside
 the tool) and then answers. All start when `<out-dir>/go` appears. A run's final history is
 written to `<out-dir>/<run id>.json` so the test can compare it with what the store kept.
@@ -20,11 +20,19 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
 from pydantic_ai_steps import StepPersistence
-from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore
+from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore, open_step_store
+
+
+def make_store(kind: str, location: str) -> StepStore:
+    if kind == 'file':
+        return FileStepStore(location)
+    if kind == 'postgres':  # location: postgresql://...?table=<prefix>
+        return open_step_store(location)
+    return SqliteStepStore(database=location)
 
 
 async def main(kind: str, location: str, prefix: str, runs: int, steps: int, out: Path) -> None:
-    store: StepStore = FileStepStore(location) if kind == 'file' else SqliteStepStore(database=location)
+    store = make_store(kind, location)
     rng = random.Random(prefix)
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -47,6 +55,9 @@ async def main(kind: str, location: str, prefix: str, runs: int, steps: int, out
         (out / f'{run_id}.json').write_bytes(result.all_messages_json())
 
     await asyncio.gather(*(one(index) for index in range(runs)))
+    close = getattr(store, 'aclose', None)
+    if close is not None:
+        await close()
 
 
 def wait_for_go(out: Path, prefix: str) -> None:

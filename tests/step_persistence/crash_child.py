@@ -15,6 +15,7 @@ of the store. `DONE` marks a run that completed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -29,12 +30,14 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
 from pydantic_ai_steps import StepPersistence
-from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore
+from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore, open_step_store
 
 
 def make_store(kind: str, location: str, max_snapshots: int | None) -> StepStore:
     if kind == 'file':
         return FileStepStore(location, max_snapshots_per_run=max_snapshots)
+    if kind == 'postgres':  # location: postgresql://...?table=<prefix>
+        return open_step_store(location, max_snapshots_per_run=max_snapshots)
     return SqliteStepStore(database=location, max_snapshots_per_run=max_snapshots)
 
 
@@ -74,7 +77,12 @@ def run_one(command: dict[str, Any]) -> None:
 
 
 def warm_up() -> None:
-    """Run one agent here, so every grandchild starts with pydantic-ai's lazy setup done."""
+    """Run one agent here, so every grandchild starts with pydantic-ai's lazy setup done (and the
+    PostgreSQL driver imported: the zygote itself never connects, so no grandchild inherits a socket)."""
+    with contextlib.suppress(ImportError):
+        import asyncpg  # noqa: F401  # pyright: ignore[reportUnusedImport]
+
+        import pydantic_ai_steps.store.backends.postgres  # noqa: F401  # pyright: ignore[reportUnusedImport]
     with tempfile.TemporaryDirectory() as scratch:
         for kind, location in (('file', f'{scratch}/steps'), ('sqlite', f'{scratch}/steps.db')):
             command = {'kind': kind, 'location': location, 'steps': 2, 'tool_sleep': 0.0, 'max_snapshots': None}

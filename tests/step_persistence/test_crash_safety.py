@@ -39,8 +39,10 @@ from pydantic_ai_steps.step_persistence import (
     StepStore,
     continue_run,
     is_provider_valid,
+    open_step_store,
 )
 from pydantic_ai_steps.step_persistence.recovery import inspect_recovery
+from tests.conftest import require_env
 
 from .agents import scripted
 
@@ -85,10 +87,37 @@ class Zygote:
         self.process.wait(timeout=30)
 
 
-def make_store(kind: str, location: Path) -> StepStore:
+KINDS = ['file', 'sqlite', 'postgres']
+
+
+def make_store(kind: str, location: Path | str) -> StepStore:
     if kind == 'file':
         return FileStepStore(location)
+    if kind == 'postgres':
+        return open_step_store(str(location))
     return SqliteStepStore(database=location)
+
+
+def crash_location(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Path | str:
+    """Where the runs of one crash test live: a directory, a database file, or a table prefix."""
+    if kind != 'postgres':
+        return tmp_path / ('steps' if kind == 'file' else 'steps.db')
+    from tests.postgres.conftest import drop_prefix
+
+    dsn = require_env('TEST_POSTGRES_DSN')['TEST_POSTGRES_DSN']
+    prefix = f't_crash_{os.getpid()}'
+    request.addfinalizer(lambda: drop_prefix(dsn, prefix))
+    return f'{dsn}?table={prefix}'
+
+
+async def checked_and_closed(store: StepStore, run_id: str, side: Path, reuse: bool) -> str:
+    """`check_after_kill`, then the store closed in the same event loop (a server store's pool lives in it)."""
+    try:
+        return await check_after_kill(store, run_id, side, reuse)
+    finally:
+        close = getattr(store, 'aclose', None)
+        if close is not None:
+            await close()
 
 
 def side_channel(path: Path) -> tuple[list[int], set[int], bool]:
@@ -162,9 +191,11 @@ async def check_after_kill(store: StepStore, run_id: str, side: Path, reuse: boo
     return 'done' if done else 'continued'
 
 
-@pytest.mark.parametrize('kind', ['file', 'sqlite'])
-def test_sigkill_at_random_points_leaves_a_readable_consistent_store(kind: str, tmp_path: Path) -> None:
-    location = tmp_path / ('steps' if kind == 'file' else 'steps.db')
+@pytest.mark.parametrize('kind', KINDS)
+def test_sigkill_at_random_points_leaves_a_readable_consistent_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    location = crash_location(kind, tmp_path, request)
     rng = random.Random(f'crash-{kind}')
     zygote = Zygote()
     outcomes: dict[str, int] = {}
@@ -195,11 +226,8 @@ def test_sigkill_at_random_points_leaves_a_readable_consistent_store(kind: str, 
             if side_channel(side)[0]:
                 registered.add(run_id)
             store = make_store(kind, location)
-            outcome = anyio.run(check_after_kill, store, run_id, side, attempt % 10 == 0)
+            outcome = anyio.run(checked_and_closed, store, run_id, side, attempt % 10 == 0)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
-            close = getattr(store, 'close', None)
-            if callable(close):
-                close()
     finally:
         zygote.close()
     # The kills must have landed in the middle of runs, not only before or after them.
@@ -211,5 +239,6 @@ def test_sigkill_at_random_points_leaves_a_readable_consistent_store(kind: str, 
         assert await store.get_run(run_id='after-the-crashes') is not None
         listed = {record.run_id for record in await store.list_runs()}
         assert registered <= listed, f'runs missing from list_runs: {registered - listed}'
+        await store.aclose()
 
     anyio.run(still_writable)

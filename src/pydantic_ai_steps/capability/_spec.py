@@ -6,7 +6,7 @@ from typing import Any
 
 from ..store.protocol import StepStore
 
-BACKENDS = ('memory', 'file', 'sqlite')
+BACKENDS = ('memory', 'file', 'sqlite', 'postgres')
 
 
 def store_from_spec(kwargs: dict[str, Any]) -> StepStore:
@@ -25,4 +25,10 @@ def store_from_spec(kwargs: dict[str, Any]) -> StepStore:
         from ..store.backends.sqlite import SqliteStepStore
 
         return SqliteStepStore(database=kwargs.pop('database', '.step-persistence.db'), **options)
+    if backend == 'postgres':
+        from ..store.backends.postgres import PostgresStepStore
+
+        if 'dsn' not in kwargs:
+            raise ValueError("backend='postgres' needs dsn= (a postgresql:// URL)")
+        return PostgresStepStore(dsn=kwargs.pop('dsn'), table=kwargs.pop('table', 'step_persistence'), **options)
     raise ValueError(f'unknown backend {backend!r}; expected one of {", ".join(map(repr, BACKENDS))}')

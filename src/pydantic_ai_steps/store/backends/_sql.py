@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._json import compact_json
 from ..._records import RunQuery
 from ..codec import Encoding
 
@@ -37,6 +38,11 @@ class Dialect:
     json_equals: Callable[[str, str, object], str | None]
     """`json_equals(column, key, value)`: a condition, with `{}` where `value` is bound, true when the
     JSON object in `column` has `key` equal to the scalar `value`; `None` when it cannot be exact."""
+    json_param: Callable[[object], object] = lambda value: value
+    """What is bound where `json_equals` put `{}`: the value itself, or (PostgreSQL) its JSON text."""
+    time: Callable[[str], str] = lambda column: column
+    """A timestamp column as the filters compare it (PostgreSQL reads a text column of an older layout
+    as `timestamptz`)."""
 
 
 def run_filters(query: RunQuery, dialect: Dialect, encoding: Encoding, columns: set[str] | None = None) -> SqlQuery:
@@ -68,12 +74,12 @@ def run_filters(query: RunQuery, dialect: Dialect, encoding: Encoding, columns: 
         else:
             add('status = {}', query.status)
     if query.started_after is not None:
-        add('started_at >= {}', encoding.time(query.started_after))
+        add(f'{dialect.time("started_at")} >= {{}}', encoding.time(query.started_after))
     if query.started_before is not None:
-        add('started_at < {}', encoding.time(query.started_before))
+        add(f'{dialect.time("started_at")} < {{}}', encoding.time(query.started_before))
     if query.ended_before is not None:
         if has('ended_at'):
-            add('ended_at < {}', encoding.time(query.ended_before))
+            add(f'{dialect.time("ended_at")} < {{}}', encoding.time(query.ended_before))
         else:
             add('1 = 0')
     for column, wanted in (('metadata', query.metadata), ('run_metadata', query.run_metadata)):
@@ -85,7 +91,7 @@ def run_filters(query: RunQuery, dialect: Dialect, encoding: Encoding, columns: 
             if condition is None:
                 sql.exact = False
             elif '{}' in condition:
-                add(condition, value)
+                add(condition, dialect.json_param(value))
             else:
                 add(condition)
     return sql
@@ -93,7 +99,7 @@ def run_filters(query: RunQuery, dialect: Dialect, encoding: Encoding, columns: 
 
 def order_and_limit(query: RunQuery, sql: SqlQuery, dialect: Dialect, tiebreak: str) -> str:
     direction = 'DESC' if query.newest_first else 'ASC'
-    text = f' ORDER BY started_at {direction}, {tiebreak} {direction}'
+    text = f' ORDER BY {dialect.time("started_at")} {direction}, {tiebreak} {direction}'
     if query.limit is not None and sql.exact:
         sql.params.append(query.limit)
         text += f' LIMIT {dialect.placeholder(len(sql.params))}'
@@ -112,3 +118,24 @@ def _sqlite_json_equals(column: str, key: str, value: object) -> str | None:
 
 
 SQLITE = Dialect(placeholder=lambda _: '?', json_equals=_sqlite_json_equals)
+
+
+def _postgres_json_equals(column: str, key: str, value: object) -> str | None:
+    # `jsonb` equality is exact for every JSON scalar (numbers by value: 1 = 1.0, as in Python), and a
+    # text column of an older layout reads the same through the cast (a no-op on a `jsonb` column).
+    del value
+    return f"(({column})::jsonb -> '{key}') = ({{}})::jsonb"
+
+
+def _postgres_json_param(value: object) -> object:
+    return compact_json(value)
+
+
+POSTGRES = Dialect(
+    placeholder=lambda index: f'${index}',
+    json_equals=_postgres_json_equals,
+    json_param=_postgres_json_param,
+    time=lambda column: f'({column})::timestamptz',
+)
+"""`$n` parameters; JSON filters through `jsonb`; timestamps compared as `timestamptz` (text columns of
+the upstream layout included)."""

@@ -1,0 +1,290 @@
+"""Connections for the PostgreSQL stores: a caller's pool, or an asyncpg pool opened from a DSN.
+
+The pool protocol is the upstream package's (`PostgresPool`, `PostgresConnection`): `acquire()`
+as an async context manager, and on a connection `transaction()`, `execute`, `fetch`, `fetchrow`
+and `fetchval` with `$n` parameters. An `asyncpg.Pool` is one as it is; a
+`psycopg_pool.AsyncConnectionPool` becomes one through `PsycopgPool` (`_psycopg`).
+
+`Connections` is what the stores use: one connection per operation, released before the call
+returns (so a save that puts media first never holds two), acquired within `acquire_timeout`
+seconds or `PoolTimeoutError`. A store given `dsn=` opens its asyncpg pool lazily, in the event
+loop that first uses it (a new loop, as `anyio.run` makes, gets a pool of its own), and closes
+it in `aclose()`. A caller's pool is never closed.
+
+Retries: a connection that turns out dead (the server restarted since it was pooled, a proxy
+dropped it) fails the operation without any sign of what the server did with it. The operation
+is tried once more, on another connection, only when that is safe: the failure came before
+anything was sent, or the caller said the operation is replay-safe (every read, and writes whose
+records are keyed, so a second application changes nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
+
+import anyio
+
+from ...._errors import StepsError, StoreUnavailableError
+
+__all__ = [
+    'Connections',
+    'PoolTimeoutError',
+    'PostgresConnection',
+    'PostgresPool',
+    'disconnect_kind',
+    'sqlstate',
+]
+
+_R = TypeVar('_R')
+DEFAULT_ACQUIRE_TIMEOUT = 30.0
+DEFAULT_POOL_OPTIONS: Mapping[str, Any] = {'min_size': 1, 'max_size': 10}
+_RETRIES = 3
+
+
+@runtime_checkable
+class PostgresConnection(Protocol):
+    """One connection: what the stores call on it (asyncpg's `Connection` spelling)."""
+
+    def transaction(self) -> AbstractAsyncContextManager[object]: ...
+
+    async def execute(self, query: str, *args: object) -> object: ...
+
+    async def fetchval(self, query: str, *args: object) -> object: ...
+
+    async def fetchrow(self, query: str, *args: object) -> Sequence[object] | None: ...
+
+    async def fetch(self, query: str, *args: object) -> Sequence[Sequence[object]]: ...
+
+
+@runtime_checkable
+class PostgresPool(Protocol):
+    """A pool handing out `PostgresConnection`s: `async with pool.acquire() as conn`."""
+
+    def acquire(self) -> AbstractAsyncContextManager[PostgresConnection]: ...
+
+
+class PoolTimeoutError(StoreUnavailableError, TimeoutError):
+    """No connection of the pool became free in time: every one is in use (or the server is unreachable)."""
+
+
+_UNSENT = ('connection is closed', 'the connection is closed', 'cannot perform operation: another operation')
+_DISCONNECT_STATES = frozenset({'57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004'})
+
+
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a driver error (asyncpg's `sqlstate`, psycopg's `sqlstate`), if it has one."""
+    code = getattr(error, 'sqlstate', None)
+    return code if isinstance(code, str) else None
+
+
+def disconnect_kind(error: BaseException) -> Literal['unsent', 'ambiguous'] | None:
+    """Whether `error` says the connection is gone: before the statement was sent, or maybe after."""
+    if isinstance(error, StepsError):
+        return None  # ours (a pool that stayed full) is not a dead connection: waiting again would not help
+    name = type(error).__name__
+    text = str(error)
+    if name == 'InterfaceError' and any(part in text for part in _UNSENT[:2]):
+        return 'unsent'  # asyncpg checks the connection before it writes anything
+    if type(error).__module__.startswith('psycopg') and name == 'OperationalError' and text == _UNSENT[1]:
+        return 'unsent'
+    if name in ('ConnectionDoesNotExistError', 'ConnectionFailureError') or sqlstate(error) in _DISCONNECT_STATES:
+        return 'ambiguous'
+    if isinstance(error, ConnectionError | EOFError):
+        return 'ambiguous'
+    if type(error).__module__.startswith('psycopg') and name in ('OperationalError', 'AdminShutdown'):
+        return 'ambiguous'
+    return None
+
+
+class Connections:
+    """The stores' access to PostgreSQL: exactly one of a caller's `pool` or a `dsn` to open one from."""
+
+    def __init__(
+        self,
+        pool: object | None,
+        dsn: str | None,
+        *,
+        acquire_timeout: float = DEFAULT_ACQUIRE_TIMEOUT,
+        pool_options: Mapping[str, Any] | None = None,
+        owner: str = 'PostgresStepStore',
+    ) -> None:
+        if (pool is None) == (dsn is None):
+            raise ValueError(
+                f'{owner} needs exactly one of a pool (asyncpg.Pool, psycopg_pool.AsyncConnectionPool or '
+                f'anything with acquire()) or dsn= (a postgresql:// URL the store opens a pool for); '
+                f'got pool={pool!r}, dsn={"<given>" if dsn is not None else None}'
+            )
+        if isinstance(acquire_timeout, bool) or not isinstance(acquire_timeout, int | float) or acquire_timeout <= 0:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'acquire_timeout must be a positive number of seconds, got {acquire_timeout!r}')
+        if dsn is not None and not isinstance(dsn, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f'dsn must be a postgresql:// URL string, got {type(dsn).__name__}')
+        self.acquire_timeout = float(acquire_timeout)
+        self._dsn = dsn
+        self._pool_options = {**DEFAULT_POOL_OPTIONS, **(pool_options or {})}
+        self._caller_pool: PostgresPool | None = _as_pool(pool, owner) if pool is not None else None
+        self._owned: Any = None
+        self._owned_loop: asyncio.AbstractEventLoop | None = None
+        self._opening: asyncio.Future[Any] | None = None
+
+    @property
+    def owns_pool(self) -> bool:
+        return self._caller_pool is None
+
+    @property
+    def caller_pool(self) -> PostgresPool | None:
+        return self._caller_pool
+
+    def describe(self) -> str:
+        return 'pool=<caller-owned>' if self._caller_pool is not None else 'dsn=<given>'
+
+    async def _pool(self) -> Any:
+        if self._caller_pool is not None:
+            return self._caller_pool
+        loop = asyncio.get_running_loop()
+        if self._owned is not None and self._owned_loop is loop:
+            return self._owned
+        if self._opening is None or self._owned_loop is not loop:
+            self._abandon()
+            self._owned_loop = loop
+            self._opening = asyncio.ensure_future(self._open())
+        opening = self._opening
+        try:
+            pool = await asyncio.shield(opening)
+        except BaseException:
+            if self._opening is opening and opening.done():
+                self._opening = None  # a failed open is tried again by the next call
+            raise
+        self._owned = pool
+        return pool
+
+    async def _open(self) -> Any:
+        try:
+            import asyncpg  # pyright: ignore[reportMissingTypeStubs]
+        except ImportError:  # pragma: no cover - the `postgres` extra installs it
+            raise ImportError(
+                'a PostgreSQL store opened with dsn= needs asyncpg: pip install "pydantic-ai-steps[postgres]"'
+            ) from None
+        assert self._dsn is not None
+        return await asyncpg.create_pool(self._dsn, **owned_pool_options(self._pool_options))  # pyright: ignore[reportUnknownMemberType]
+
+    def _abandon(self) -> None:
+        """Drop a pool opened in another (finished) event loop: its connections cannot be used from this one."""
+        pool, self._owned, self._opening = self._owned, None, None
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                pool.terminate()
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncGenerator[PostgresConnection]:
+        """One connection, within `acquire_timeout` seconds, released on exit."""
+        pool = await self._pool()
+        context: AbstractAsyncContextManager[PostgresConnection] = pool.acquire()
+        try:
+            with anyio.fail_after(self.acquire_timeout):
+                conn = await context.__aenter__()
+        except TimeoutError:
+            raise PoolTimeoutError(self._timeout_message(pool)) from None
+        except Exception as error:
+            if type(error).__name__ == 'PoolTimeout':  # psycopg_pool's own wait limit
+                raise PoolTimeoutError(self._timeout_message(pool)) from None
+            raise
+        try:
+            yield conn
+        except BaseException as error:
+            if not await context.__aexit__(type(error), error, error.__traceback__):
+                raise
+        else:
+            await context.__aexit__(None, None, None)
+
+    def _timeout_message(self, pool: Any) -> str:
+        size = _pool_size(pool)
+        of = f' (a pool of {size} connection{"s" if size != 1 else ""}, all in use)' if size is not None else ''
+        return (
+            f'waited {self.acquire_timeout:g} s for a PostgreSQL connection from the pool{of} and none became free; '
+            'make the pool larger, hold its connections for less time, or pass a longer acquire_timeout='
+        )
+
+    async def run(self, body: Callable[[PostgresConnection], Awaitable[_R]], *, replay_safe: bool) -> _R:
+        """`body(conn)` on one connection; again on another (up to three times) if it was dead and that is safe."""
+        retried = 0
+        while True:
+            try:
+                async with self.acquire() as conn:
+                    return await body(conn)
+            except Exception as error:
+                kind = disconnect_kind(error)
+                # A restart leaves every pooled connection dead, so a replay-safe call may meet
+                # several in a row; each failed one is discarded by the pool.
+                if retried < _RETRIES and (kind == 'unsent' or (kind == 'ambiguous' and replay_safe)):
+                    retried += 1
+                    continue
+                raise
+
+    async def aclose(self) -> None:
+        """Close the pool this object opened (a caller's pool is left alone). Idempotent."""
+        pool, loop = self._owned, self._owned_loop
+        self._owned, self._opening, self._owned_loop = None, None, None
+        if pool is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - aclose is async
+            running = None
+        if running is loop:
+            try:
+                with anyio.fail_after(10):
+                    await pool.close()
+            except Exception:
+                pool.terminate()
+        else:
+            with contextlib.suppress(Exception):
+                pool.terminate()
+
+
+async def _no_reset(connection: object) -> None:
+    """The stores' statements leave no session state (no `SET`, no `LISTEN`, only transaction-scoped
+    advisory locks), so a connection needs no reset query when it goes back to the store's own pool:
+    asyncpg's default sends one on every release, a second round trip for every call."""
+    del connection
+
+
+def owned_pool_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`asyncpg.create_pool` keywords for a pool a store opens: `options`, and no reset on release
+    (unless `options` chooses one, or this asyncpg, before 0.30, has no such option)."""
+    import inspect
+
+    import asyncpg  # pyright: ignore[reportMissingTypeStubs]
+
+    chosen = dict(options)
+    if 'reset' in inspect.signature(asyncpg.create_pool).parameters:  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+        chosen.setdefault('reset', _no_reset)
+    return chosen
+
+
+def _pool_size(pool: Any) -> int | None:
+    for name in ('get_max_size', 'get_size'):
+        method = getattr(pool, name, None)
+        if callable(method):
+            with contextlib.suppress(Exception):
+                return int(cast(Any, method)())
+    inner = getattr(pool, 'inner', None)
+    size = getattr(inner, 'max_size', None)
+    return size if isinstance(size, int) else None
+
+
+def _as_pool(pool: object, owner: str) -> PostgresPool:
+    module = type(pool).__module__
+    if module.startswith('psycopg_pool'):
+        from ._psycopg import PsycopgPool
+
+        return PsycopgPool(pool)
+    if not callable(getattr(pool, 'acquire', None)):
+        raise TypeError(
+            f'{owner} needs a pool with acquire() (asyncpg.Pool) or a psycopg_pool.AsyncConnectionPool, '
+            f'got {type(pool).__name__}'
+        )
+    return cast(PostgresPool, pool)
