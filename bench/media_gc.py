@@ -28,6 +28,7 @@ import anyio.to_thread
 
 from pydantic_ai_steps.media import DiskMediaStore, MediaContext, SqliteMediaStore
 from pydantic_ai_steps.media.stores import disk
+from pydantic_ai_steps.media.stores import sqlite as sqlite_media
 
 Store = DiskMediaStore | SqliteMediaStore
 
@@ -43,7 +44,7 @@ def without_refresh(store: Store) -> Generator[None]:
         finally:
             disk._refresh = refresh  # pyright: ignore[reportPrivateUsage]
         return
-    store._refresh_sync = lambda conn, digest, now: store._exists_sync(conn, digest)  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+    store._refresh_sync = lambda conn, digest, now: store._exists_sync(conn, digest, sqlite_media._COLUMNS)  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
     try:
         yield
     finally:
@@ -69,7 +70,7 @@ def step_us(store: Store, uri: str, calls: int, refresh: bool) -> float:
         if refresh:
             step = lambda: store._refresh_sync(conn, digest, time.time())  # pyright: ignore[reportPrivateUsage]  # noqa: E731
         else:
-            step = lambda: store._exists_sync(conn, digest)  # pyright: ignore[reportPrivateUsage]  # noqa: E731
+            step = lambda: store._exists_sync(conn, digest, sqlite_media._COLUMNS)  # pyright: ignore[reportPrivateUsage]  # noqa: E731
     start = time.perf_counter()
     for _ in range(calls):
         step()
