@@ -247,8 +247,10 @@ def test_the_demo_and_every_command_it_suggests_on_postgres(tmp_path: Path) -> N
         assert commands and all(args[-2:] == ['--store', store] for args in commands)
         for args in commands:
             first.run(args)
-        effects = json.loads(first.run(['effects', first.crashed, '--unresolved', '--json', '--store', store]))
-        assert [effect['idempotency_key'] for effect in effects] == [KEY]
+        assert json.loads(first.run(['effects', first.crashed, '--unresolved', '--json', '--store', store])) == []
+        effects = json.loads(first.run(['effects', first.crashed, '--json', '--store', store]))
+        (checked,) = [effect for effect in effects if effect['status'] == 'started']
+        assert (checked['idempotency_key'], checked['resolution']) == (KEY, 'not_done')  # the demo checked it
         kept = play(tmp_path, '--store', store, '--keep')
         assert 'the tracker already has a comment with key' in ' '.join(kept.split())
         assert len((tmp_path / 'steps-demo.outbox.jsonl').read_text().splitlines()) == 1  # posted once

@@ -56,10 +56,10 @@ async def test_snapshots_restore_byte_exact_with_media_on_s3(
     dump = ModelMessagesTypeAdapter.dump_json
     assert dump(history) == dump(result.all_messages())
     snapshots = await reopened.list_snapshots(run_id=f'{kind}-on-s3')  # type: ignore[attr-defined]
-    assert len(snapshots) == 2
-    # The first boundary's copy predates the fields pydantic-ai stamps on its last request later,
+    assert [len(snapshot.messages) for snapshot in snapshots] == [1, 3, 4]  # the input, the tool boundary, the end
+    # The tool boundary's copy predates the fields pydantic-ai stamps on its last request later,
     # so compare what the parts carry: the image bytes and the 100 KB tool result.
-    assert _contents(snapshots[0].messages) == _contents(result.all_messages()[:3])
+    assert _contents(snapshots[1].messages) == _contents(result.all_messages()[:3])
     close = getattr(reopened, 'close', None)
     if callable(close):
         close()

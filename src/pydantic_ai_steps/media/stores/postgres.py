@@ -39,7 +39,13 @@ from ...store.backends.postgres._pool import DEFAULT_ACQUIRE_TIMEOUT, Connection
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
-from .._protocol import PublicUrlResolver, decode_metadata, encode_metadata, resolve_public_url
+from .._protocol import (
+    PublicUrlResolver,
+    check_stored_before,
+    decode_metadata,
+    encode_metadata,
+    resolve_public_url,
+)
 from .._uri import parse_media_uri, uri_for_digest
 
 __all__ = ['PostgresMediaStore']
@@ -235,6 +241,7 @@ class PostgresMediaStore:
     async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
         """Remove the blob and its chunks; with `stored_before`, only if it was last put before then."""
         digest = parse_media_uri(uri)
+        cutoff = check_stored_before(stored_before)
 
         async def delete(conn: PostgresConnection) -> bool:
             if not await self._ensure(conn, create=False):
@@ -247,7 +254,7 @@ class PostgresMediaStore:
                 f'chunks AS (DELETE FROM {self._chunks} WHERE sha256 IN (SELECT sha256 FROM gone)) '
                 'SELECT count(*) FROM gone',
                 digest,
-                stored_before,
+                cutoff,
             )
             return bool(removed)
 
