@@ -108,6 +108,19 @@ class WriteBatch:
     run_ids: frozenset[str] = field(default_factory=frozenset[str])
     """Every run the batch writes records for (the registered one included)."""
 
+    @property
+    def replay_safe(self) -> bool:
+        """Whether committing the batch twice stores what committing it once does (or refuses, never duplicates).
+
+        A backend may then retry it after a connection died with the outcome unknown. Keyed events
+        and a keyed snapshot apply once; effects are upserted; a registration replayed after it
+        landed is refused as a taken run id (the capability recognises its own `registration_id`).
+        An event or a snapshot without a key could be stored twice.
+        """
+        if any(event.get('idempotency_key') is None for event in self.events):
+            return False
+        return self.snapshot is None or self.snapshot.key is not None
+
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRow:

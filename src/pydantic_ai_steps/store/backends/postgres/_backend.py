@@ -90,7 +90,7 @@ class PostgresBackend:
                 batch.snapshot.row['log_size'] = value
             return value
 
-        return await self.connections.run(body, replay_safe=_replay_safe(batch))
+        return await self.connections.run(body, replay_safe=batch.replay_safe)
 
     async def delete_snapshots(self, run_id: str, seqs: Sequence[int]) -> None:
         if not seqs:
@@ -337,18 +337,6 @@ class PostgresBackend:
             await migrate(conn, self.table)
             self._columns = await read_columns(conn, self.table)
         self._migrated = True
-
-
-def _replay_safe(batch: WriteBatch) -> bool:
-    """Whether applying the batch twice stores what applying it once does (or refuses, never duplicates).
-
-    Keyed events and a keyed snapshot apply once; effects are upserted; a registration replayed
-    after it landed is refused as a taken run id (the capability recognises its own
-    `registration_id`). An event or a snapshot without a key could be stored twice.
-    """
-    if any(event.get('idempotency_key') is None for event in batch.events):
-        return False
-    return batch.snapshot is None or batch.snapshot.key is not None
 
 
 def _commit_args(batch: WriteBatch) -> list[object]:
