@@ -1,6 +1,6 @@
 """Child process for the concurrency test: several persisted agent runs at once on one store.
 
-Usage: `python concurrent_child.py <file|sqlite> <location> <prefix> <runs> <steps> <out-dir>`.
+Usage: `python concurrent_child.py <file|sqlite|mongodb> <location> <prefix> <runs> <steps> <out-dir>`.
 Each run `<prefix>-<n>` calls the `work` tool `steps` times (yielding to the other runs inside
 the tool) and then answers. All start when `<out-dir>/go` appears. A run's final history is
 written to `<out-dir>/<run id>.json` so the test can compare it with what the store kept.
@@ -20,11 +20,14 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
 from pydantic_ai_steps import StepPersistence
-from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore
+from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore, open_step_store
 
 
 async def main(kind: str, location: str, prefix: str, runs: int, steps: int, out: Path) -> None:
-    store: StepStore = FileStepStore(location) if kind == 'file' else SqliteStepStore(database=location)
+    if kind == 'mongodb':  # location: mongodb://host:port/database
+        store: StepStore = open_step_store(location)
+    else:
+        store = FileStepStore(location) if kind == 'file' else SqliteStepStore(database=location)
     rng = random.Random(prefix)
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

@@ -15,6 +15,8 @@ of the store. `DONE` marks a run that completed.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import json
 import os
 import random
@@ -29,12 +31,14 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
 from pydantic_ai_steps import StepPersistence
-from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore
+from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, StepStore, open_step_store
 
 
 def make_store(kind: str, location: str, max_snapshots: int | None) -> StepStore:
     if kind == 'file':
         return FileStepStore(location, max_snapshots_per_run=max_snapshots)
+    if kind == 'mongodb':  # location: mongodb://host:port/database
+        return open_step_store(location, max_snapshots_per_run=max_snapshots)
     return SqliteStepStore(database=location, max_snapshots_per_run=max_snapshots)
 
 
@@ -75,6 +79,9 @@ def run_one(command: dict[str, Any]) -> None:
 
 def warm_up() -> None:
     """Run one agent here, so every grandchild starts with pydantic-ai's lazy setup done."""
+    if importlib.util.find_spec('pymongo') is not None:  # imported, not connected: a client opens after the fork
+        importlib.import_module('pydantic_ai_steps.store.backends.mongo')
+        importlib.import_module('pydantic_ai_steps.media.stores.mongo')
     with tempfile.TemporaryDirectory() as scratch:
         for kind, location in (('file', f'{scratch}/steps'), ('sqlite', f'{scratch}/steps.db')):
             command = {'kind': kind, 'location': location, 'steps': 2, 'tool_sleep': 0.0, 'max_snapshots': None}

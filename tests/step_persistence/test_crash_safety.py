@@ -1,8 +1,8 @@
 """SIGKILL a process in the middle of a persisted agent run, many times, and read what is left.
 
-For each store, 50 runs (seeded) are killed at random moments; all of them share one store
-directory or database, as runs of a real deployment would. After each kill a fresh store
-opens the location and:
+For each store, 50 runs (seeded; 24 on the MongoDB test server, which is slow) are killed at
+random moments; all of them share one store directory or database, as runs of a real deployment
+would. After each kill a fresh store opens the location and:
 
 - no read raises (runs, events, snapshots in both modes, tool effects, recovery inspection);
 - `continue_run` returns a provider-valid history, or raises `LookupError` only while no tool
@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,11 @@ from pydantic_ai_steps.step_persistence import (
     StepStore,
     continue_run,
     is_provider_valid,
+    open_step_store,
 )
 from pydantic_ai_steps.step_persistence.recovery import inspect_recovery
 
+from ..conftest import require_env
 from .agents import scripted
 
 pytestmark = [
@@ -50,6 +53,7 @@ pytestmark = [
 ]
 
 KILLS = 50
+KILLS_MONGODB = 24
 STEPS = 12
 CHILD = Path(__file__).with_name('crash_child.py')
 
@@ -85,9 +89,11 @@ class Zygote:
         self.process.wait(timeout=30)
 
 
-def make_store(kind: str, location: Path) -> StepStore:
+def make_store(kind: str, location: Path | str) -> StepStore:
     if kind == 'file':
         return FileStepStore(location)
+    if kind == 'mongodb':
+        return open_step_store(str(location))
     return SqliteStepStore(database=location)
 
 
@@ -162,9 +168,26 @@ async def check_after_kill(store: StepStore, run_id: str, side: Path, reuse: boo
     return 'done' if done else 'continued'
 
 
-@pytest.mark.parametrize('kind', ['file', 'sqlite'])
-def test_sigkill_at_random_points_leaves_a_readable_consistent_store(kind: str, tmp_path: Path) -> None:
-    location = tmp_path / ('steps' if kind == 'file' else 'steps.db')
+@pytest.fixture
+def mongodb_database() -> Iterator[str]:
+    """A fresh database on the test MongoDB server (fails under CI without one), dropped afterwards."""
+    url = require_env('TEST_MONGODB_URL')['TEST_MONGODB_URL']
+    name = f'crash_{os.getpid()}_{int(time.time() * 1000)}'
+    yield f'{url}/{name}'
+    import pymongo
+
+    with pymongo.MongoClient(url) as client:
+        client.drop_database(name)
+
+
+@pytest.mark.parametrize('kind', ['file', 'sqlite', 'mongodb'])
+def test_sigkill_at_random_points_leaves_a_readable_consistent_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    location: Path | str = tmp_path / ('steps' if kind == 'file' else 'steps.db')
+    kills = KILLS
+    if kind == 'mongodb':  # the test server is slow: fewer kills, each still at a random moment of a run
+        location, kills = request.getfixturevalue('mongodb_database'), KILLS_MONGODB
     rng = random.Random(f'crash-{kind}')
     zygote = Zygote()
     outcomes: dict[str, int] = {}
@@ -176,7 +199,7 @@ def test_sigkill_at_random_points_leaves_a_readable_consistent_store(kind: str, 
         zygote.start({**base, 'run_id': 'calibration', 'seed': 0, 'side': str(calibration), 'max_snapshots': None})
         duration = zygote.wait()['elapsed']
         assert side_channel(calibration)[2], 'the calibration run did not finish'
-        for attempt in range(KILLS):
+        for attempt in range(kills):
             run_id = f'crash-{attempt}'
             side = tmp_path / f'side-{attempt}.txt'
             command = {
@@ -203,7 +226,7 @@ def test_sigkill_at_random_points_leaves_a_readable_consistent_store(kind: str, 
     finally:
         zygote.close()
     # The kills must have landed in the middle of runs, not only before or after them.
-    assert outcomes.get('continued', 0) >= KILLS // 4, outcomes
+    assert outcomes.get('continued', 0) >= kills // 4, outcomes
 
     async def still_writable() -> None:
         store = make_store(kind, location)
