@@ -152,3 +152,40 @@ async def test_garbage_collection_and_deletion_over_upstream_data(
         keys = client[upstream].snapshot_idempotency_keys
         assert keys.count_documents({'_id.run_id': 'delegate-1'}) == 0
         assert keys.count_documents({'_id.run_id': 'orchestrator-1'}) > 0
+
+
+async def test_an_inline_history_and_a_dangling_reference_of_older_upstream_releases(
+    url: str, database_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before de-duplication the upstream package kept the history as a JSON list in `messages`;
+    a reference whose message is gone makes that snapshot unreadable, and the older one is read."""
+    inline = tool_cycle('c1', 'inline')
+    with pymongo.MongoClient(url) as client:
+        database = client[database_name]
+        database.runs.insert_one(
+            {'_id': 'old', 'run_id': 'old', 'metadata': {}, 'started_at': '2025-01-01T00:00:00+00:00'}
+        )
+        common = {'run_id': 'old', 'conversation_id': None, 'parent_run_id': None, 'agent_name': None}
+        database.snapshots.insert_many(
+            [
+                {
+                    **common,
+                    'step_index': 1,
+                    'timestamp': '2025-01-01T00:00:01+00:00',
+                    'messages': dump(inline).decode(),
+                    'seq': 7,
+                },
+                {
+                    **common,
+                    'step_index': 2,
+                    'timestamp': '2025-01-01T00:00:02+00:00',
+                    'state': 'complete',
+                    'messages': '{"message_refs": ["' + 'ab' * 32 + '"]}',
+                    'seq': 9,
+                },
+            ]
+        )
+    async with MongoStepStore(db_url=url, database=database_name) as store:
+        latest = await store.latest_snapshot(run_id='old')
+        assert latest is not None and latest.step_index == 1 and dump(latest.messages) == dump(inline)
+        assert 'references 1 stored message(s) that are missing' in caplog.text
