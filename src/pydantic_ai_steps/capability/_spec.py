@@ -6,7 +6,7 @@ from typing import Any
 
 from ..store.protocol import StepStore
 
-BACKENDS = ('memory', 'file', 'sqlite')
+BACKENDS = ('memory', 'file', 'sqlite', 'mongodb')
 
 
 def store_from_spec(kwargs: dict[str, Any]) -> StepStore:
@@ -25,4 +25,14 @@ def store_from_spec(kwargs: dict[str, Any]) -> StepStore:
         from ..store.backends.sqlite import SqliteStepStore
 
         return SqliteStepStore(database=kwargs.pop('database', '.step-persistence.db'), **options)
+    if backend == 'mongodb':
+        from ..store.backends.mongo import MongoStepStore
+
+        db_url, database = kwargs.pop('db_url', None), kwargs.pop('database', None)
+        if db_url is None or database is None:
+            raise ValueError(
+                "backend='mongodb' needs db_url= (a mongodb:// URL) and database= (the database name), "
+                f'got db_url={"<given>" if db_url is not None else None}, database={database!r}'
+            )
+        return MongoStepStore(db_url=db_url, database=database, **options)
     raise ValueError(f'unknown backend {backend!r}; expected one of {", ".join(map(repr, BACKENDS))}')
