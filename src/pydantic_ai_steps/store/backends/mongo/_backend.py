@@ -251,7 +251,9 @@ class _Plan:
             if key is None:
                 writes.append(Write(EVENTS, 'insert', event, role='event', run_id=run_id))
             else:
-                selector = {'run_id': run_id, 'idempotency_key': key}
+                # `$type` spelled out: MongoDB uses a partial index only for a query that contains its
+                # filter (it does not derive `$type: 'string'` from an equality with a string).
+                selector = {'run_id': run_id, 'idempotency_key': {'$eq': key, '$type': 'string'}}
                 writes.append(
                     Write(EVENTS, 'update', selector, {'$setOnInsert': event}, upsert=True, role='event', run_id=run_id)
                 )
