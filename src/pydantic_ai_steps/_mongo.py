@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any, Literal, cast
+from typing import Any, Literal, NoReturn, SupportsIndex, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import bson
@@ -32,6 +32,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, ClientBulkWriteException, InvalidOperation, OperationFailure, PyMongoError
 from pymongo.operations import DeleteMany, InsertOne, UpdateMany, UpdateOne
+from pymongo.uri_parser import parse_uri
 
 from ._errors import InvalidRecordError, RecordTooLargeError
 
@@ -85,6 +86,11 @@ class ClientHandle:
         if url is not None and (not isinstance(url, str) or not url.startswith(('mongodb://', 'mongodb+srv://'))):
             shown = redacted_url(url) if isinstance(url, str) else repr(url)
             raise ValueError(f'{owner} db_url= must be a mongodb:// or mongodb+srv:// URL, got {shown}')
+        if db_url is not None and db_url.startswith('mongodb://'):  # (an SRV URL is checked by a DNS lookup)
+            try:
+                parse_uri(db_url)
+            except (PyMongoError, ValueError) as error:  # the message, never the URL's password
+                raise ValueError(f'{owner} db_url={redacted_url(db_url)!r} is not a usable URL: {error}') from None
         self._client = client
         self._url = db_url
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,6 +99,12 @@ class ClientHandle:
     @property
     def owned(self) -> bool:
         return self._url is not None
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise TypeError(
+            'a MongoDB store cannot be pickled or copied: it holds a client and, built from db_url=, the '
+            "URL's credentials, which must not be written into a pickle; build a new store where another is needed"
+        )
 
     def describe(self) -> str:
         """How a repr names the connection: the URL without its password, or `client=<caller-owned>`."""

@@ -3,6 +3,8 @@ the 16 MiB limit, metadata keys, its client, and the layouts it reads that it di
 
 from __future__ import annotations
 
+import copy
+import pickle
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -310,10 +312,18 @@ def test_exactly_one_of_client_and_db_url(url: str) -> None:
         MongoStepStore('mongodb://x', database='d')  # type: ignore[arg-type]
 
 
-def test_the_repr_never_shows_a_password() -> None:
+def test_no_repr_error_or_pickle_shows_a_password() -> None:
     store = MongoStepStore(db_url='mongodb://alice:s3cret@db.example:27017/x?authSource=admin', database='agents')
     assert 's3cret' not in repr(store) and 'alice:***@db.example' in repr(store)
     assert 's3cret' not in repr(store.media_store)
+    for attempt in (pickle.dumps, copy.deepcopy):
+        with pytest.raises(TypeError, match='cannot be pickled or copied'):
+            attempt(store)
+    for bad in ('mongodb://alice:s3cret@db.example:port/x', 'mongodb://alice:s3cret@db.example/x?nosuchoption=1'):
+        with pytest.raises(ValueError, match='is not a usable URL') as raised:
+            MongoStepStore(db_url=bad, database='agents')
+        assert 's3cret' not in str(raised.value) and raised.value.__cause__ is None
+        assert raised.value.__suppress_context__
 
 
 async def test_a_store_from_db_url_owns_its_client_a_callers_client_stays_open(url: str, database_name: str) -> None:
