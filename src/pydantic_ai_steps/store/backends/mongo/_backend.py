@@ -350,7 +350,9 @@ class MongoBackend:
             if state is not None:
                 if state.get('deleted') is True:
                     raise RunNotFoundError(run_id)
-                return None  # registered and alive: its log ends elsewhere
+                if expected_log is not None:
+                    return None  # registered and alive: its log ends elsewhere
+                continue  # it was (re)created between the two reads: claim again
             # No counter: a run the upstream package registered, or whose registration was cut short.
             if await self._collection(RUNS).find_one({'_id': run_id}, projection={'_id': 1}) is None:
                 raise RunNotFoundError(run_id)
@@ -381,11 +383,22 @@ class MongoBackend:
                     start = index + 1
                 elif write.role == 'effect' and retries < 3:  # two first upserts of one call: now it matches
                     start, retries = index, retries + 1
-                elif write.role == 'append':  # the log moved under a reserved range: only a reset counter does that
+                elif write.role == 'append':  # the log holds entries past the counter's end (a reset counter)
+                    await self._catch_up(str(write.run_id))
                     return STALE
                 else:  # 'reset', 'guard': the run was deleted while this batch was being written
                     await self._undo(writes[:index])
                     raise RunNotFoundError(str(write.run_id)) from None
+
+    async def _catch_up(self, run_id: str) -> None:
+        """Move the run's counter past the highest log index stored, so the next claim cannot collide again."""
+        last = await self._collection(LOG).find_one(
+            {'run_id': run_id}, projection={'log_index': 1}, sort=[('log_index', DESCENDING)]
+        )
+        if last is not None and _is_int(last.get('log_index')):
+            await self._collection(COUNTERS).update_one(
+                {'_id': counter_id(run_id)}, {'$max': {'log': last['log_index'] + 1}}
+            )
 
     async def _undo(self, applied: Sequence[Write]) -> None:
         """Remove what a batch wrote before it found its run deleted (see the module docs)."""
