@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, TypeGuard
 
@@ -155,7 +155,7 @@ class MongoMediaStore:
         data = bytes(data)
         digest = await _sha256(data)
         uri = uri_for_digest(digest)
-        now = utc_now()
+        now = _stamp()
         if (await self._manifests().update_one({'_id': digest}, {'$set': {'stored_at': now}})).matched_count:
             return uri  # stored already: refreshed for garbage collection, its first metadata kept
         manifest: Document = {
@@ -270,7 +270,7 @@ class MongoMediaStore:
         blob becomes collectable one grace period after it is first listed, never at once.
         """
         manifests = self._manifests()
-        await manifests.update_many({'stored_at': {'$exists': False}}, {'$set': {'stored_at': utc_now()}})
+        await manifests.update_many({'stored_at': {'$exists': False}}, {'$set': {'stored_at': _stamp()}})
         async for manifest in manifests.find(
             {}, projection={'size_bytes': 1, 'stored_at': 1}, sort=[('_id', ASCENDING)]
         ):
@@ -322,6 +322,14 @@ def _chunk_filter(digest: str, manifest: Mapping[str, Any], count: int | None) -
     if count is not None:
         selector['n'] = {'$lt': count}
     return selector
+
+
+def _stamp() -> datetime:
+    """Now, rounded up to BSON's millisecond: a stored `stored_at` is never earlier than the put it records,
+    so a collection cutoff taken in the same millisecond cannot find a blob just put older than itself."""
+    now = utc_now()
+    rest = now.microsecond % 1000
+    return now + timedelta(microseconds=1000 - rest) if rest else now
 
 
 def _is_int(value: object) -> TypeGuard[int]:
