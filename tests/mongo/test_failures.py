@@ -157,7 +157,7 @@ async def test_the_server_restarted_between_calls(url: str, database_name: str, 
 
 @pytest.mark.slow
 def test_two_processes_writing_one_run_never_mix_their_histories(url: str, database_name: str, tmp_path: Path) -> None:
-    steps = 12
+    steps = 8
     location = f'{url}/{database_name}'
 
     async def register() -> None:

@@ -5,6 +5,7 @@ and takes new writes without losing what was there."""
 from __future__ import annotations
 
 import gzip
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from pydantic_ai_steps.media import MongoMediaStore
 from pydantic_ai_steps.step_persistence import MongoStepStore, RunRecord, StepEvent, continue_run, is_provider_valid
 from pydantic_ai_steps.testing.step_store import dump, snapshot, tool_cycle
 
+from .conftest import mongo_url, new_database_name
+
 pytestmark = pytest.mark.anyio
 FIXTURE = Path(__file__).with_name('upstream') / 'harness-0.62.0.json.gz'
 
@@ -29,19 +32,34 @@ def fixture() -> dict[str, Any]:
     return loaded
 
 
-@pytest.fixture
-def upstream(url: str, database_name: str, fixture: dict[str, Any]) -> str:
-    """A fresh database holding exactly what the upstream package wrote, its indexes included."""
+def load(url: str, name: str, fixture: dict[str, Any]) -> str:
+    """Fill database `name` with exactly what the upstream package wrote, its indexes included."""
     with pymongo.MongoClient(url) as client:
-        database = client[database_name]
-        for name, documents in fixture['collections'].items():
-            for spec in fixture['indexes'][name]:
+        database = client[name]
+        for collection, documents in fixture['collections'].items():
+            for spec in fixture['indexes'][collection]:
                 key = [(field, direction) for field, direction in spec['key']]
                 if key != [('_id', 1)]:
-                    database[name].create_index(key, **{k: v for k, v in spec.items() if k != 'key'})
+                    database[collection].create_index(key, **{k: v for k, v in spec.items() if k != 'key'})
             if documents:
-                database[name].insert_many(documents)
-    return database_name
+                database[collection].insert_many(documents)
+    return name
+
+
+@pytest.fixture
+def upstream(url: str, database_name: str, fixture: dict[str, Any]) -> str:
+    """A fresh copy of the upstream database, for a test that writes to it."""
+    return load(url, database_name, fixture)
+
+
+@pytest.fixture(scope='module')
+def upstream_read_only(fixture: dict[str, Any]) -> Iterator[str]:
+    """One copy of the upstream database for the tests that only read it."""
+    url = mongo_url()
+    name = load(url, new_database_name('upstream'), fixture)
+    yield name
+    with pymongo.MongoClient(url) as client:
+        client.drop_database(name)
 
 
 def same_history(ours: bytes, theirs: str) -> bool:
@@ -50,8 +68,9 @@ def same_history(ours: bytes, theirs: str) -> bool:
 
 
 async def test_runs_events_effects_and_snapshots_read_as_upstream_reads_them(
-    url: str, upstream: str, fixture: dict[str, Any]
+    url: str, upstream_read_only: str, fixture: dict[str, Any]
 ) -> None:
+    upstream = upstream_read_only
     expected = fixture['expected']['runs']
     async with MongoStepStore(db_url=url, database=upstream) as store:
         runs = await store.list_runs()
@@ -86,7 +105,10 @@ async def test_runs_events_effects_and_snapshots_read_as_upstream_reads_them(
         assert [run.run_id for run in await store.list_runs(metadata={'a.b': 'dotted'})] == ['orchestrator-1']
 
 
-async def test_the_chunk_layout_reads_a_blob_over_16_mib(url: str, upstream: str, fixture: dict[str, Any]) -> None:
+async def test_the_chunk_layout_reads_a_blob_over_16_mib(
+    url: str, upstream_read_only: str, fixture: dict[str, Any]
+) -> None:
+    upstream = upstream_read_only
     blobs = fixture['expected']['blobs']
     async with MongoMediaStore(db_url=url, database=upstream) as media:
         big = await media.get(blobs['big']['uri'])

@@ -1,6 +1,6 @@
 """SIGKILL a process in the middle of a persisted agent run, many times, and read what is left.
 
-For each store, 50 runs (seeded; 24 on the MongoDB test server, which is slow) are killed at
+For each store, 50 runs (seeded; 16 on the MongoDB test server, which is slow) are killed at
 random moments; all of them share one store directory or database, as runs of a real deployment
 would. After each kill a fresh store opens the location and:
 
@@ -53,7 +53,7 @@ pytestmark = [
 ]
 
 KILLS = 50
-KILLS_MONGODB = 24
+KILLS_MONGODB = 16
 STEPS = 12
 CHILD = Path(__file__).with_name('crash_child.py')
 
