@@ -1,6 +1,6 @@
 """Child process for the concurrency test: several persisted agent runs at once on one store.
 
-Usage: `python concurrent_child.py <file|sqlite|postgres> <location> <prefix> <runs> <steps> <out-dir>`.
+Usage: `python concurrent_child.py <file|sqlite|postgres|mongodb> <location> <prefix> <runs> <steps> <out-dir>`.
 Each run `<prefix>-<n>` calls the `work` tool `steps` times (yielding to the other runs inside
 the tool) and then answers. All start when `<out-dir>/go` appears. A run's final history is
 written to `<out-dir>/<run id>.json` so the test can compare it with what the store kept.
@@ -26,7 +26,7 @@ from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, S
 def make_store(kind: str, location: str) -> StepStore:
     if kind == 'file':
         return FileStepStore(location)
-    if kind == 'postgres':  # location: postgresql://...?table=<prefix>
+    if kind in ('postgres', 'mongodb'):  # location: postgresql://...?table=<prefix>, mongodb://host:port/database
         return open_step_store(location)
     return SqliteStepStore(database=location)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import importlib.util
 import json
 import os
 import random
@@ -36,7 +38,7 @@ from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, S
 def make_store(kind: str, location: str, max_snapshots: int | None) -> StepStore:
     if kind == 'file':
         return FileStepStore(location, max_snapshots_per_run=max_snapshots)
-    if kind == 'postgres':  # location: postgresql://...?table=<prefix>
+    if kind in ('postgres', 'mongodb'):  # location: postgresql://...?table=<prefix>, mongodb://host:port/database
         return open_step_store(location, max_snapshots_per_run=max_snapshots)
     return SqliteStepStore(database=location, max_snapshots_per_run=max_snapshots)
 
@@ -78,11 +80,14 @@ def run_one(command: dict[str, Any]) -> None:
 
 def warm_up() -> None:
     """Run one agent here, so every grandchild starts with pydantic-ai's lazy setup done (and the
-    PostgreSQL driver imported: the zygote itself never connects, so no grandchild inherits a socket)."""
+    server drivers imported: the zygote itself never connects, so no grandchild inherits a socket)."""
     with contextlib.suppress(ImportError):
         import asyncpg  # noqa: F401  # pyright: ignore[reportUnusedImport]
 
         import pydantic_ai_steps.store.backends.postgres  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    if importlib.util.find_spec('pymongo') is not None:  # imported, not connected: a client opens after the fork
+        importlib.import_module('pydantic_ai_steps.store.backends.mongo')
+        importlib.import_module('pydantic_ai_steps.media.stores.mongo')
     with tempfile.TemporaryDirectory() as scratch:
         for kind, location in (('file', f'{scratch}/steps'), ('sqlite', f'{scratch}/steps.db')):
             command = {'kind': kind, 'location': location, 'steps': 2, 'tool_sleep': 0.0, 'max_snapshots': None}

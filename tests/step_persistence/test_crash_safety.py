@@ -1,8 +1,8 @@
 """SIGKILL a process in the middle of a persisted agent run, many times, and read what is left.
 
-For each store, 50 runs (seeded) are killed at random moments; all of them share one store
-directory or database, as runs of a real deployment would. After each kill a fresh store
-opens the location and:
+For each store, 50 runs (seeded; 16 on the MongoDB test server, which is slow) are killed at
+random moments; all of them share one store directory or database, as runs of a real deployment
+would. After each kill a fresh store opens the location and:
 
 - no read raises (runs, events, snapshots in both modes, tool effects, recovery inspection);
 - `continue_run` returns a provider-valid history, or raises `LookupError` only while no tool
@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,7 @@ from pydantic_ai_steps.step_persistence import (
     open_step_store,
 )
 from pydantic_ai_steps.step_persistence.recovery import inspect_recovery
-from tests.conftest import require_env
-
+from ..conftest import require_env
 from .agents import scripted
 
 pytestmark = [
@@ -52,6 +52,7 @@ pytestmark = [
 ]
 
 KILLS = 50
+KILLS_MONGODB = 16
 STEPS = 12
 CHILD = Path(__file__).with_name('crash_child.py')
 
@@ -87,19 +88,21 @@ class Zygote:
         self.process.wait(timeout=30)
 
 
-KINDS = ['file', 'sqlite', 'postgres']
+KINDS = ['file', 'sqlite', 'postgres', 'mongodb']
 
 
 def make_store(kind: str, location: Path | str) -> StepStore:
     if kind == 'file':
         return FileStepStore(location)
-    if kind == 'postgres':
+    if kind in ('postgres', 'mongodb'):
         return open_step_store(str(location))
     return SqliteStepStore(database=location)
 
 
 def crash_location(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Path | str:
-    """Where the runs of one crash test live: a directory, a database file, or a table prefix."""
+    """Where the runs of one crash test live: a directory, a database file, a table prefix or a database."""
+    if kind == 'mongodb':
+        return request.getfixturevalue('mongodb_database')
     if kind != 'postgres':
         return tmp_path / ('steps' if kind == 'file' else 'steps.db')
     from tests.postgres.conftest import drop_prefix
@@ -108,6 +111,18 @@ def crash_location(kind: str, tmp_path: Path, request: pytest.FixtureRequest) ->
     prefix = f't_crash_{os.getpid()}'
     request.addfinalizer(lambda: drop_prefix(dsn, prefix))
     return f'{dsn}?table={prefix}'
+
+
+@pytest.fixture
+def mongodb_database() -> Iterator[str]:
+    """A fresh database on the test MongoDB server (fails under CI without one), dropped afterwards."""
+    url = require_env('TEST_MONGODB_URL')['TEST_MONGODB_URL']
+    name = f'crash_{os.getpid()}_{int(time.time() * 1000)}'
+    yield f'{url}/{name}'
+    import pymongo
+
+    with pymongo.MongoClient(url) as client:
+        client.drop_database(name)
 
 
 async def checked_and_closed(store: StepStore, run_id: str, side: Path, reuse: bool) -> str:
@@ -196,6 +211,7 @@ def test_sigkill_at_random_points_leaves_a_readable_consistent_store(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     location = crash_location(kind, tmp_path, request)
+    kills = KILLS_MONGODB if kind == 'mongodb' else KILLS  # the test server is slow: fewer kills, still random
     rng = random.Random(f'crash-{kind}')
     zygote = Zygote()
     outcomes: dict[str, int] = {}
@@ -207,7 +223,7 @@ def test_sigkill_at_random_points_leaves_a_readable_consistent_store(
         zygote.start({**base, 'run_id': 'calibration', 'seed': 0, 'side': str(calibration), 'max_snapshots': None})
         duration = zygote.wait()['elapsed']
         assert side_channel(calibration)[2], 'the calibration run did not finish'
-        for attempt in range(KILLS):
+        for attempt in range(kills):
             run_id = f'crash-{attempt}'
             side = tmp_path / f'side-{attempt}.txt'
             command = {
@@ -231,7 +247,7 @@ def test_sigkill_at_random_points_leaves_a_readable_consistent_store(
     finally:
         zygote.close()
     # The kills must have landed in the middle of runs, not only before or after them.
-    assert outcomes.get('continued', 0) >= KILLS // 4, outcomes
+    assert outcomes.get('continued', 0) >= kills // 4, outcomes
 
     async def still_writable() -> None:
         store = make_store(kind, location)

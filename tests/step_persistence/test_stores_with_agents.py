@@ -1,4 +1,4 @@
-"""File and SQLite stores under real agents: the stamping trap, from_spec, two processes at once."""
+"""File and SQLite stores under real agents: the stamping trap, from_spec, two processes at once (and MongoDB)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,11 @@ from pydantic_ai_steps.step_persistence import (
     SqliteStepStore,
     StepStore,
     continue_run,
+    open_step_store,
 )
 from pydantic_ai_steps.testing.step_store import dump
 
+from ..conftest import require_env
 from .agents import call, scripted
 
 pytestmark = pytest.mark.anyio
@@ -111,8 +113,15 @@ async def test_from_spec_builds_the_store(kind: str, tmp_path: Path, monkeypatch
     assert (tmp_path / next(iter(location.values()))).exists()
 
 
-def seqs_of(kind: str, root: Path, run_id: str) -> list[tuple[int, int]]:
+def seqs_of(kind: str, root: Path, run_id: str, location: str = '') -> list[tuple[int, int]]:
     """`(seq, step_index)` of a run's snapshots, in seq order, straight from storage."""
+    if kind == 'mongodb':
+        import pymongo
+
+        url, database = location.rsplit('/', 1)
+        with pymongo.MongoClient(url) as client:
+            found = client[database].snapshots.find({'run_id': run_id}, sort=[('seq', 1)])
+            return [(document['seq'], document['step_index']) for document in found]
     if kind == 'file':
         directory = root / 'steps' / run_id / 'snapshots'
         pairs = [(int(p.stem), json.loads(p.read_text())['step_index']) for p in directory.glob('*.json')]
@@ -121,11 +130,27 @@ def seqs_of(kind: str, root: Path, run_id: str) -> list[tuple[int, int]]:
         return conn.execute('SELECT seq, step_index FROM snapshots WHERE run_id = ? ORDER BY seq', (run_id,)).fetchall()
 
 
+@pytest.fixture
+def mongodb_location() -> Iterator[str]:
+    """A fresh database on the test MongoDB server (fails under CI without one), dropped afterwards."""
+    import pymongo
+
+    url = require_env('TEST_MONGODB_URL')['TEST_MONGODB_URL']
+    name = f'concurrent_{os.getpid()}_{int(time.time() * 1000)}'
+    yield f'{url}/{name}'
+    with pymongo.MongoClient(url) as client:
+        client.drop_database(name)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('kind', STORES)
-def test_two_processes_with_concurrent_runs_lose_and_duplicate_nothing(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize('kind', [*STORES, 'mongodb'])
+def test_two_processes_with_concurrent_runs_lose_and_duplicate_nothing(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     runs, steps = 5, 8
-    location = tmp_path / ('steps' if kind == 'file' else 'steps.db')
+    location: Path | str = tmp_path / ('steps' if kind == 'file' else 'steps.db')
+    if kind == 'mongodb':
+        location = request.getfixturevalue('mongodb_location')
     child = Path(__file__).with_name('concurrent_child.py')
     env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path)}
     processes = [
@@ -142,11 +167,11 @@ def test_two_processes_with_concurrent_runs_lose_and_duplicate_nothing(kind: str
     (tmp_path / 'go').touch()
     for process in processes:
         assert process.wait(timeout=120) == 0
-    anyio.run(check_concurrent_runs, kind, tmp_path, runs, steps)
+    anyio.run(check_concurrent_runs, kind, tmp_path, runs, steps, str(location))
 
 
-async def check_concurrent_runs(kind: str, tmp_path: Path, runs: int, steps: int) -> None:
-    store: StepStore = STORES[kind](tmp_path)
+async def check_concurrent_runs(kind: str, tmp_path: Path, runs: int, steps: int, location: str) -> None:
+    store: StepStore = open_step_store(location) if kind == 'mongodb' else STORES[kind](tmp_path)
     for prefix in ('alpha', 'beta'):
         listed = await store.list_runs(conversation_id=prefix)
         assert sorted(r.run_id for r in listed) == sorted(f'{prefix}-{n}' for n in range(runs))
@@ -162,7 +187,7 @@ async def check_concurrent_runs(kind: str, tmp_path: Path, runs: int, steps: int
             assert len(set(keys)) == len(keys)
             assert all(event.run_id == run_id for event in events)
             assert await store.list_unresolved_tool_effects(run_id=run_id) == []
-            pairs = seqs_of(kind, tmp_path, run_id)
+            pairs = seqs_of(kind, tmp_path, run_id, location)
             assert len({seq for seq, _ in pairs}) == len(pairs) == steps + 2  # the input, the boundaries, the end
             assert [step for _, step in pairs] == sorted(step for _, step in pairs)
             final = ModelMessagesTypeAdapter.validate_json((tmp_path / f'{run_id}.json').read_bytes())
@@ -171,3 +196,5 @@ async def check_concurrent_runs(kind: str, tmp_path: Path, runs: int, steps: int
     close = getattr(store, 'close', None)
     if callable(close):
         close()
+    else:
+        await store.aclose()  # type: ignore[attr-defined]

@@ -94,10 +94,11 @@ class StepPersistence(StoreOperations[AgentDepsT]):
 
     @classmethod
     def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence[Any]:
-        """Build from an agent spec: `backend` is `'memory'` (default), `'file'` or `'sqlite'`.
+        """Build from an agent spec: `backend` is `'memory'` (default), `'file'`, `'sqlite'` or `'mongodb'`.
 
-        `directory=` (file) or `database=` (sqlite) locate the store; `max_snapshots_per_run=` bounds
-        it. Other keyword arguments go to the capability.
+        `directory=` (file), `database=` (sqlite: a path) or `db_url=` and `database=` (mongodb: a
+        URL and a database name) locate the store; `max_snapshots_per_run=` bounds it. Other keyword
+        arguments go to the capability.
         """
         if args:
             raise TypeError(f'StepPersistence.from_spec takes keyword arguments only, got positional {args!r}')

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..store.protocol import StepStore
 
-BACKENDS = ('memory', 'file', 'sqlite', 'postgres')
+BACKENDS = ('memory', 'file', 'sqlite', 'postgres', 'mongodb')
 
 
 def store_from_spec(kwargs: dict[str, Any]) -> StepStore:
@@ -31,4 +31,14 @@ def store_from_spec(kwargs: dict[str, Any]) -> StepStore:
         if 'dsn' not in kwargs:
             raise ValueError("backend='postgres' needs dsn= (a postgresql:// URL)")
         return PostgresStepStore(dsn=kwargs.pop('dsn'), table=kwargs.pop('table', 'step_persistence'), **options)
+    if backend == 'mongodb':
+        from ..store.backends.mongo import MongoStepStore
+
+        db_url, database = kwargs.pop('db_url', None), kwargs.pop('database', None)
+        if db_url is None or database is None:
+            raise ValueError(
+                "backend='mongodb' needs db_url= (a mongodb:// URL) and database= (the database name), "
+                f'got db_url={"<given>" if db_url is not None else None}, database={database!r}'
+            )
+        return MongoStepStore(db_url=db_url, database=database, **options)
     raise ValueError(f'unknown backend {backend!r}; expected one of {", ".join(map(repr, BACKENDS))}')

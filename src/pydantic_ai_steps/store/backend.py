@@ -26,6 +26,11 @@ The contract, checked by `pydantic_ai_steps.testing.backend.BackendConformance`:
   the log end (`expected_log_size` when given).
 - Fetches return what is stored; a record the backend cannot even parse (a torn line) comes back
   as `Damaged`, so the kernel can skip it with a warning.
+- A backend whose storage limits the size of one entry (MongoDB's 16 MiB documents) may declare
+  `max_text_bytes: int`, the longest log text (UTF-8 bytes) it stores. The kernel then moves
+  payloads out of a longer message text (to the media store, whatever their size) or raises
+  `RecordTooLargeError` before anything is written. It is an optional attribute, not a member of
+  the `Backend` protocol: the kernel reads it with `getattr`, so backends without a limit say nothing.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class StepStoreBase(Maintenance):
         self.media_store = media_store
         self._backend = backend
         self._encoding = backend.encoding
-        self._log = MessageLog(media_store, threshold)
+        self._log = MessageLog(media_store, threshold, getattr(backend, 'max_text_bytes', None))
         self._owns_media = owns_media_store and media_store is not None
 
     @property

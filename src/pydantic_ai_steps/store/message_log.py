@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from pydantic_ai.messages import BinaryContent, ModelMessage
 
+from .._errors import RecordTooLargeError
 from .._json import compact_json
 from .._records import ContinuableSnapshot
 from ..media._context import MediaContext
@@ -49,6 +50,8 @@ that re-puts anything older than this never references a blob that collection re
 _BLOBS_REMEMBERED = 4096
 PATCH_RATIO = 2
 """A changed version is stored as a patch only if the patch is at most 1/PATCH_RATIO of its full text."""
+FIT_FLOOR_BYTES = 1024
+"""The smallest payload moved out of a message text that is too long for its backend (`max_text_bytes`)."""
 
 
 @dataclass
@@ -71,9 +74,11 @@ class PreparedSnapshot:
 class MessageLog:
     """Per-store encoder of snapshots into message-log appends, and decoder back."""
 
-    def __init__(self, media_store: MediaStore | None, threshold_bytes: int) -> None:
+    def __init__(self, media_store: MediaStore | None, threshold_bytes: int, max_text_bytes: int | None = None) -> None:
         self.media_store = media_store
         self.threshold_bytes = threshold_bytes
+        self.max_text_bytes = max_text_bytes
+        """The longest text (UTF-8 bytes) one log entry may hold, when the backend has a limit."""
         self._stored_blobs: OrderedDict[bytes, float] = OrderedDict()
         """Digest -> when this process last put it in `media_store` (bounded, most recent last)."""
         self._hashed = HashedBinaries()
@@ -99,6 +104,8 @@ class MessageLog:
             if delta.stored_at(position) == digest:
                 continue
             stored = await self._externalize(text, placeholders)
+            if self.max_text_bytes is not None and _utf8_length(stored) > self.max_text_bytes:
+                stored = await self._fit(snapshot, position, text, stored, placeholders)
             patch = _patch(delta.base_at(position), stored)
             if patch is not None:
                 appends.append((position, patch))
@@ -178,6 +185,43 @@ class MessageLog:
         )
         return compact_json(tree)
 
+    async def _fit(
+        self, snapshot: ContinuableSnapshot, position: int, text: str, stored: str, placeholders: dict[str, str]
+    ) -> str:
+        """A message text longer than the backend's `max_text_bytes`, with smaller payloads moved out until it fits.
+
+        Payloads below `threshold_bytes` go to the media store too (the largest first: the threshold
+        drops by a factor of four each pass, down to `FIT_FLOOR_BYTES`). Where nothing is left to
+        move (no media store, or the bulk is not payloads: a tool call's arguments, say), a
+        `RecordTooLargeError` names the message, its size and the limit, before anything is written.
+        """
+        limit = self.max_text_bytes
+        assert limit is not None
+        size = _utf8_length(stored)
+        if self.media_store is not None:
+            threshold = min(self.threshold_bytes, limit) // 4
+            while threshold >= FIT_FLOOR_BYTES:
+                tree: object = await externalize_tree(
+                    json.loads(text),
+                    media_store=self.media_store,
+                    threshold_bytes=threshold,
+                    already_stored=placeholders,
+                )
+                fitted = compact_json(tree)
+                size = _utf8_length(fitted)
+                if size <= limit:
+                    return fitted
+                threshold //= 4
+        moved = (
+            f'after moving every payload of {FIT_FLOOR_BYTES} bytes or more to the media store'
+            if self.media_store is not None
+            else 'and the store has no media store to move its payloads to (media_store=None)'
+        )
+        raise RecordTooLargeError(
+            f'message {position} of the snapshot of run {snapshot.run_id!r} at step {snapshot.step_index} is '
+            f'{size} bytes as JSON {moved}; this store holds at most {limit} bytes per message'
+        )
+
     async def _offload_binaries(self, message: ModelMessage) -> tuple[ModelMessage, dict[str, str], int]:
         """Put large `BinaryContent` bytes in the media store straight from the message objects.
 
@@ -254,6 +298,10 @@ class MessageLog:
         assert self.media_store is not None
         tree: object = await restore_media(json.loads(text), media_store=self.media_store)
         return compact_json(tree)
+
+
+def _utf8_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode('utf-8', 'surrogatepass'))
 
 
 def _patch(base: PatchBase | None, text: str) -> str | None:

@@ -1,0 +1,637 @@
+"""The MongoDB backend: one commit is two round trips, correct without transactions.
+
+A commit (`Backend.commit`, in the contract's order) is:
+
+1. For each run the batch writes records of without registering it, one `findOneAndUpdate` of
+   the run's counter document: it proves the run is registered and not deleted, checks where the
+   run's message log ends (`log: expected_log_size` in the filter, so a writer whose picture is
+   stale matches nothing and gets `STALE` with nothing written), and reserves, with one `$inc`,
+   the log indices of the snapshot's appends and the seqs of its snapshot, events and effects.
+   A registering batch needs none of this: its run's numbers start at zero.
+2. One ordered client-level `bulkWrite` (MongoDB 8.0+) of everything: the run document and its
+   counter (registration), the log entries, the snapshot, the tool effects (upserts), the
+   events (keyed ones as upserts that leave an existing one alone), the closings, and last a guard
+   per run that fails if the run was deleted (or deleted and registered again) meanwhile.
+
+Why this order is safe without transactions:
+
+- A crash between 1 and 2 leaves reserved numbers unused: a gap in the log and in the seqs, which
+  nothing reads. A crash inside 2 (the server's: the client's death does not stop a command the
+  server has received) leaves a prefix of it: log entries no snapshot names (every read goes
+  through a snapshot's `log_size`, and the next writer, finding the log moved, rewrites the
+  history in full past them), or a snapshot whose effects and events did not follow (the ledger
+  then says `started` for a call the snapshot holds: the crash contract's safe direction).
+- Two writers of one run are serialized by the counter: the second finds `log` moved and gets
+  `STALE`, or reserved a range of its own; a snapshot never mixes entries of two writers.
+- The snapshot document claims its idempotency key (unique `(run_id, idempotency_key)`), and
+  retention turns a keyed snapshot into a stub that keeps the claim (`state: 'pruned'`), so a
+  replay finds the key taken however old: `SUPPRESSED`, and the rest of the batch is written.
+- Deleting a run first turns its counter into a tombstone with a new `gen`, then deletes its
+  records, then its run document. A writer that claimed before the tombstone still writes, but its
+  last write, the guard (an upsert of the counter with the `gen` it claimed under, which collides
+  with the tombstone), fails; it then removes what it wrote and raises `RunNotFoundError`. Anything
+  it wrote before the deletion was deleted with the run. So a run reads whole or not at all.
+
+On a server before 8.0 the same writes go one `bulk_write` per run of writes to one collection,
+in the same order (up to seven round trips for a batch touching every collection).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeGuard
+
+from bson import ObjectId
+from pymongo import ASCENDING, DESCENDING, ReturnDocument
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
+
+from ...._errors import RunAlreadyExistsError, RunNotFoundError
+from ...._mongo import (
+    DUPLICATE_KEY,
+    MAX_DOCUMENT_BYTES,
+    ClientHandle,
+    Document,
+    Write,
+    WriteFailed,
+    Writer,
+    checked_document,
+    collection,
+)
+from ...._records import RunQuery, utc_now
+from ...backend import (
+    STALE,
+    SUPPRESSED,
+    CommitOutcome,
+    Damaged,
+    LogEntry,
+    LogSlice,
+    Probe,
+    Row,
+    SnapshotRow,
+    WriteBatch,
+)
+from ...codec import EFFECT_FIELDS, Encoding
+from ._layout import (
+    COUNTERS,
+    EFFECTS,
+    EVENTS,
+    LOG,
+    PRUNED,
+    RECORD_COLLECTIONS,
+    RUNS,
+    SNAPSHOTS,
+    UPSTREAM_KEYS,
+    UPSTREAM_MESSAGES,
+    check_readable,
+    counter_id,
+    layout_version,
+    set_up,
+)
+from ._legacy import counter_from_records, upstream_texts
+
+MAX_TEXT_BYTES = MAX_DOCUMENT_BYTES - 1024
+"""The longest message text one log document holds: 16 MiB less room for the document's other
+fields (a run id is at most 200 characters, 800 bytes)."""
+TOMBSTONE_TTL = timedelta(days=1)
+"""How long a deleted run's counter stays a tombstone (a writer's claim and its guard are milliseconds apart)."""
+_PLACEHOLDER = 1 << 62
+"""A seq or index not known yet, as large as any real one, so a size checked before the claim holds after it."""
+_PLAIN_KEY = re.compile(r'[A-Za-z0-9_]{1,64}')
+_CHUNK = 1000
+_STUB_DROPS = (
+    'step_index',
+    'conversation_id',
+    'parent_run_id',
+    'agent_name',
+    'timestamp',
+    'message_count',
+    'log_size',
+    'messages',
+)
+
+
+@dataclass
+class _Needs:
+    """How many numbers a batch takes from one run's counter."""
+
+    log: int = 0
+    snapshots: int = 0
+    events: int = 0
+    effects: int = 0
+
+    def increments(self) -> dict[str, int]:
+        return {name: value for name, value in vars(self).items() if value}
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What a run's counter handed out: the run's `gen` and the first number of each kind."""
+
+    gen: Any
+    log: int
+    snapshot: int
+    event: int
+    effect: int
+
+
+@dataclass
+class _Plan:
+    """A batch as documents, sized and checked before anything is sent; numbers filled in after the claims."""
+
+    batch: WriteBatch
+    needs: dict[str, _Needs] = field(default_factory=dict[str, _Needs])
+    log: list[Document] = field(default_factory=list[Document])
+    snapshot: Document | None = None
+    effects: list[tuple[Document, Document]] = field(default_factory=list[tuple[Document, Document]])
+    """(filter, update) of each effect upsert."""
+    events: list[Document] = field(default_factory=list[Document])
+
+    @classmethod
+    def build(cls, batch: WriteBatch) -> _Plan:
+        plan = cls(batch)
+        for run_id in batch.run_ids:
+            plan.needs[run_id] = _Needs()
+        write = batch.snapshot
+        if batch.run is not None:
+            checked_document(
+                {'_id': batch.run['run_id'], 'gen': ObjectId(), **batch.run}, f'run record {batch.run["run_id"]!r}'
+            )
+        if write is not None:
+            needs = plan.needs[write.run_id]
+            needs.log, needs.snapshots = len(write.appends), 1
+            for position, text in write.appends:
+                document = {
+                    '_id': ObjectId(),
+                    'run_id': write.run_id,
+                    'log_index': _PLACEHOLDER,
+                    'position': position,
+                    'message': text,
+                }
+                if len(text) * 4 + 1024 > MAX_DOCUMENT_BYTES:  # only then can it be too large
+                    checked_document(document, f'message {position} of a snapshot of run {write.run_id!r}')
+                plan.log.append(document)
+            snapshot = {'_id': ObjectId(), **write.row, 'log_size': _PLACEHOLDER, 'seq': _PLACEHOLDER}
+            checked_document(snapshot, f'snapshot of run {write.run_id!r} at step {write.row.get("step_index")}')
+            plan.snapshot = snapshot
+        for row in batch.tool_effects:
+            run_id, call = row['run_id'], row['tool_call_id']
+            plan.needs[run_id].effects += 1
+            inserted = {'_id': ObjectId(), 'seq': _PLACEHOLDER}
+            checked_document({**row, **inserted}, f'tool effect {call!r} of run {run_id!r}')
+            update: Document = {'$set': {k: v for k, v in row.items() if k not in ('run_id', 'tool_call_id')}}
+            update['$setOnInsert'] = inserted
+            absent = {name: '' for name in EFFECT_FIELDS if name not in row}
+            if absent:
+                update['$unset'] = absent
+            plan.effects.append(({'run_id': run_id, 'tool_call_id': call}, update))
+        for row in batch.events:
+            plan.needs[row['run_id']].events += 1
+            event = {'_id': ObjectId(), **row, 'seq': _PLACEHOLDER}
+            checked_document(event, f'{row.get("kind")} event of run {row["run_id"]!r}')
+            plan.events.append(event)
+        return plan
+
+    def writes(self, claims: Mapping[str, _Claim]) -> tuple[list[Write], int | None]:
+        """Every write, in the contract's order, with the claimed numbers; and the log size after the appends."""
+        batch = self.batch
+        writes: list[Write] = []
+        if batch.run is not None:
+            run_id = batch.run['run_id']
+            gen = claims[run_id].gen
+            writes.append(
+                Write(RUNS, 'insert', {'_id': run_id, 'gen': gen, **batch.run}, role='register', run_id=run_id)
+            )
+            counter = {
+                'run_id': run_id,
+                'gen': gen,
+                'deleted': False,
+                **{'log': 0, 'snapshots': 0, 'events': 0, 'effects': 0},
+            }
+            counter.update(self.needs[run_id].increments())
+            writes.append(
+                Write(
+                    COUNTERS,
+                    'update',
+                    {'_id': counter_id(run_id), 'deleted_gen': {'$ne': gen}},
+                    {'$set': counter},
+                    upsert=True,
+                    role='reset',
+                    run_id=run_id,
+                )
+            )
+        log_size: int | None = None
+        if batch.snapshot is not None and self.snapshot is not None:
+            run_id = batch.snapshot.run_id
+            claim = claims[run_id]
+            for offset, document in enumerate(self.log):
+                document['log_index'] = claim.log + offset
+                writes.append(Write(LOG, 'insert', document, role='append', run_id=run_id))
+            log_size = claim.log + len(self.log)
+            self.snapshot['log_size'] = log_size
+            self.snapshot['seq'] = claim.snapshot
+            writes.append(Write(SNAPSHOTS, 'insert', self.snapshot, role='snapshot', run_id=run_id))
+        taken: dict[str, int] = {}
+        for selector, update in self.effects:
+            run_id = selector['run_id']
+            update['$setOnInsert']['seq'] = claims[run_id].effect + taken.get(run_id, 0)
+            taken[run_id] = taken.get(run_id, 0) + 1
+            writes.append(Write(EFFECTS, 'update', selector, update, upsert=True, role='effect', run_id=run_id))
+        taken = {}
+        for event in self.events:
+            run_id = event['run_id']
+            event['seq'] = claims[run_id].event + taken.get(run_id, 0)
+            taken[run_id] = taken.get(run_id, 0) + 1
+            key = event.get('idempotency_key')
+            if key is None:
+                writes.append(Write(EVENTS, 'insert', event, role='event', run_id=run_id))
+            else:
+                # `$type` spelled out: MongoDB uses a partial index only for a query that contains its
+                # filter (it does not derive `$type: 'string'` from an equality with a string).
+                selector = {'run_id': run_id, 'idempotency_key': {'$eq': key, '$type': 'string'}}
+                writes.append(
+                    Write(EVENTS, 'update', selector, {'$setOnInsert': event}, upsert=True, role='event', run_id=run_id)
+                )
+        for closing in batch.closings:
+            update = {'$set': {'status': closing.status, 'ended_at': closing.ended_at}}
+            writes.append(Write(RUNS, 'update', {'_id': closing.run_id}, update, role='closing', run_id=closing.run_id))
+        for run_id in sorted(claims):
+            selector = {'_id': counter_id(run_id), 'gen': claims[run_id].gen}
+            writes.append(
+                Write(
+                    COUNTERS,
+                    'update',
+                    selector,
+                    {'$setOnInsert': {'deleted': True}},
+                    upsert=True,
+                    role='guard',
+                    run_id=run_id,
+                )
+            )
+        return writes, log_size
+
+
+class MongoBackend:
+    """I/O of `MongoStepStore`: documents, indexes and the layouts of older releases (see the module docs)."""
+
+    encoding = Encoding(native_maps=True, omit_empty=True)
+    max_text_bytes = MAX_TEXT_BYTES
+
+    def __init__(self, handle: ClientHandle, database: str) -> None:
+        self.handle = handle
+        self.database_name = database
+        self.writer = Writer(handle, database)
+        self._set_up = False
+        self._readable = False
+
+    def _database(self) -> AsyncDatabase[Document]:
+        return self.handle.database(self.database_name)
+
+    def _collection(self, name: str) -> AsyncCollection[Document]:
+        return collection(self._database(), name)
+
+    async def _for_reading(self) -> None:
+        if not self._readable:
+            check_readable(await layout_version(self._database()), self.database_name)
+            self._readable = True
+
+    # --- writes -----------------------------------------------------------------------------
+
+    async def commit(self, batch: WriteBatch) -> CommitOutcome:
+        plan = _Plan.build(batch)  # every size and key checked before anything is sent
+        if not self._set_up:
+            await set_up(self._database())
+            self._set_up = self._readable = True
+        registered = batch.run['run_id'] if batch.run is not None else None
+        claims: dict[str, _Claim] = {}
+        snapshot_run = batch.snapshot.run_id if batch.snapshot is not None else None
+        for run_id in sorted(batch.run_ids, key=lambda run_id: (run_id != snapshot_run, run_id)):
+            if run_id == registered:
+                claims[run_id] = _Claim(ObjectId(), 0, 1, 1, 1)
+                continue
+            expected = (
+                batch.snapshot.expected_log_size if batch.snapshot is not None and run_id == snapshot_run else None
+            )
+            claim = await self._claim(run_id, plan.needs[run_id], expected)
+            if claim is None:
+                return STALE
+            claims[run_id] = claim
+        writes, log_size = plan.writes(claims)
+        return await self._apply(writes, log_size)
+
+    async def _claim(self, run_id: str, needs: _Needs, expected_log: int | None) -> _Claim | None:
+        """Reserve the run's numbers (see the module docs); `None` when its log does not end at `expected_log`."""
+        counters = self._collection(COUNTERS)
+        selector: Document = {'_id': counter_id(run_id), 'deleted': {'$ne': True}}
+        if expected_log is not None:
+            selector['log'] = expected_log
+        increments = needs.increments()
+        for _ in range(3):
+            if increments:
+                found = await counters.find_one_and_update(
+                    selector, {'$inc': increments}, return_document=ReturnDocument.AFTER
+                )
+            else:
+                found = await counters.find_one(selector)
+            if found is not None:
+                return _Claim(
+                    found.get('gen'),
+                    int(found.get('log', 0)) - needs.log,
+                    int(found.get('snapshots', 0)),
+                    int(found.get('events', 0)) - needs.events + 1,
+                    int(found.get('effects', 0)) - needs.effects + 1,
+                )
+            state = await counters.find_one({'_id': counter_id(run_id)}, projection={'deleted': 1})
+            if state is not None:
+                if state.get('deleted') is True:
+                    raise RunNotFoundError(run_id)
+                if expected_log is not None:
+                    return None  # registered and alive: its log ends elsewhere
+                continue  # it was (re)created between the two reads: claim again
+            # No counter: a run the upstream package registered, or whose registration was cut short.
+            if await self._collection(RUNS).find_one({'_id': run_id}, projection={'_id': 1}) is None:
+                raise RunNotFoundError(run_id)
+            numbers = await counter_from_records(self._database(), run_id)
+            with contextlib.suppress(DuplicateKeyError):  # another writer created it meanwhile
+                await counters.insert_one(
+                    {'_id': counter_id(run_id), 'run_id': run_id, 'gen': ObjectId(), 'deleted': False, **numbers}
+                )
+        return None
+
+    async def _apply(self, writes: list[Write], log_size: int | None) -> CommitOutcome:
+        outcome: CommitOutcome = log_size
+        start, retries = 0, 0
+        while True:
+            try:
+                await self.writer.apply(writes[start:])
+                return outcome
+            except WriteFailed as failed:
+                index = start + failed.index
+                write = writes[index]
+                if failed.code != DUPLICATE_KEY:
+                    raise OperationFailure(str(failed), failed.code) from None
+                if write.role == 'register':
+                    raise RunAlreadyExistsError(str(write.run_id)) from None
+                if write.role == 'snapshot':  # its key was claimed before: write the rest
+                    outcome, start = SUPPRESSED, index + 1
+                elif write.role == 'event':  # the same keyed event, inserted by another writer just now
+                    start = index + 1
+                elif write.role == 'effect' and retries < 3:  # two first upserts of one call: now it matches
+                    start, retries = index, retries + 1
+                elif write.role == 'append':  # the log holds entries past the counter's end (a reset counter)
+                    await self._catch_up(str(write.run_id))
+                    return STALE
+                else:  # 'reset', 'guard': the run was deleted while this batch was being written
+                    await self._undo(writes[:index])
+                    raise RunNotFoundError(str(write.run_id)) from None
+
+    async def _catch_up(self, run_id: str) -> None:
+        """Move the run's counter past the highest log index stored, so the next claim cannot collide again."""
+        last = await self._collection(LOG).find_one(
+            {'run_id': run_id}, projection={'log_index': 1}, sort=[('log_index', DESCENDING)]
+        )
+        if last is not None and _is_int(last.get('log_index')):
+            await self._collection(COUNTERS).update_one(
+                {'_id': counter_id(run_id)}, {'$max': {'log': last['log_index'] + 1}}
+            )
+
+    async def _undo(self, applied: Sequence[Write]) -> None:
+        """Remove what a batch wrote before it found its run deleted (see the module docs)."""
+        ids: dict[str, list[Any]] = {}
+        undo: list[Write] = []
+        for write in applied:
+            if write.role == 'register':  # this registration's document only, never a later one's
+                selector = {'_id': write.document['_id'], 'gen': write.document['gen']}
+                undo.append(Write(RUNS, 'delete_many', selector))
+            elif write.kind == 'insert':
+                ids.setdefault(write.collection, []).append(write.document['_id'])
+            elif write.role in ('effect', 'event') and write.update is not None:
+                ids.setdefault(write.collection, []).append(write.update['$setOnInsert']['_id'])
+        undo += [Write(name, 'delete_many', {'_id': {'$in': values}}) for name, values in ids.items()]
+        with contextlib.suppress(PyMongoError, WriteFailed):  # what stays is what a crash here would leave
+            await self.writer.apply(undo)
+
+    async def delete_snapshots(self, run_id: str, seqs: Sequence[int]) -> None:
+        writes: list[Write] = []
+        for start in range(0, len(seqs), _CHUNK):
+            chosen = {'run_id': run_id, 'seq': {'$in': list(seqs[start : start + _CHUNK])}}
+            keyed = {**chosen, 'idempotency_key': {'$type': 'string'}}
+            stub = {'$set': {'state': PRUNED}, '$unset': dict.fromkeys(_STUB_DROPS, '')}
+            writes.append(Write(SNAPSHOTS, 'update_many', keyed, stub))
+            writes.append(Write(SNAPSHOTS, 'delete_many', {**chosen, 'idempotency_key': {'$not': {'$type': 'string'}}}))
+        await self.writer.apply(writes)
+
+    async def delete_runs(self, run_ids: Sequence[str]) -> list[str]:
+        found = await self._collection(RUNS).find({'_id': {'$in': list(run_ids)}}, projection={'gen': 1}).to_list()
+        gens = {document['_id']: document.get('gen') for document in found}
+        existing = [run_id for run_id in dict.fromkeys(run_ids) if run_id in gens]
+        if not existing:
+            return []
+        now = utc_now()
+        writes = [
+            Write(
+                COUNTERS,
+                'update',
+                {'_id': counter_id(run_id)},
+                {
+                    '$set': {
+                        'run_id': run_id,
+                        'deleted': True,
+                        'gen': ObjectId(),
+                        'deleted_gen': gens[run_id],
+                        'deleted_at': now,
+                    }
+                },
+                upsert=True,
+            )
+            for run_id in existing
+        ]
+        writes += [Write(name, 'delete_many', {'run_id': {'$in': existing}}) for name in RECORD_COLLECTIONS]
+        writes.append(Write(UPSTREAM_KEYS, 'delete_many', {'_id.run_id': {'$in': existing}}))
+        writes.append(Write(RUNS, 'delete_many', {'_id': {'$in': existing}}))
+        writes.append(Write(COUNTERS, 'delete_many', {'deleted': True, 'deleted_at': {'$lt': now - TOMBSTONE_TTL}}))
+        await self.writer.apply(writes)
+        return existing
+
+    async def delete_log_entries(self, run_id: str, indices: Sequence[int]) -> None:
+        writes = [
+            Write(LOG, 'delete_many', {'run_id': run_id, 'log_index': {'$in': list(indices[start : start + _CHUNK])}})
+            for start in range(0, len(indices), _CHUNK)
+        ]
+        await self.writer.apply(writes)
+
+    # --- reads ------------------------------------------------------------------------------
+
+    async def fetch_run(self, run_id: str) -> Row | None:
+        await self._for_reading()
+        return await self._collection(RUNS).find_one({'_id': run_id})
+
+    async def fetch_runs(self, query: RunQuery) -> list[Row]:
+        await self._for_reading()
+        if query.limit == 0:
+            return []
+        selector, exact = _run_filter(query, self.encoding)
+        direction = DESCENDING if query.newest_first else ASCENDING
+        cursor = self._collection(RUNS).find(selector, sort=[('started_at', direction), ('_id', direction)])
+        if exact and query.limit is not None:
+            cursor = cursor.limit(query.limit)
+        return await cursor.to_list()
+
+    async def fetch_events(self, run_id: str) -> list[Row]:
+        await self._for_reading()
+        return (
+            await self._collection(EVENTS)
+            .find({'run_id': run_id}, sort=[('seq', ASCENDING), ('_id', ASCENDING)])
+            .to_list()
+        )
+
+    async def fetch_effects(
+        self, run_id: str, *, tool_call_id: str | None = None, unresolved_only: bool = False
+    ) -> list[Row]:
+        await self._for_reading()
+        selector: Document = {'run_id': run_id}
+        if tool_call_id is not None:
+            selector['tool_call_id'] = tool_call_id
+        if unresolved_only:
+            selector.update(status='started', resolution=None)
+        return await self._collection(EFFECTS).find(selector, sort=[('seq', ASCENDING), ('_id', ASCENDING)]).to_list()
+
+    async def fetch_snapshots(
+        self,
+        run_id: str,
+        *,
+        include_interrupted: bool,
+        below_seq: int | None = None,
+        limit: int | None = None,
+        oldest_first: bool = False,
+    ) -> list[SnapshotRow]:
+        await self._for_reading()
+        if limit == 0:
+            return []
+        selector: Document = {'run_id': run_id}
+        # A document without a state was written before states existed: it is complete.
+        selector['state'] = {'$ne': PRUNED} if include_interrupted else {'$in': ['complete', None]}
+        if below_seq is not None:
+            selector['seq'] = {'$lt': below_seq}
+        cursor = self._collection(SNAPSHOTS).find(selector, sort=[('seq', ASCENDING if oldest_first else DESCENDING)])
+        if limit is not None:
+            cursor = cursor.limit(limit)
+        documents = [document for document in await cursor.to_list() if _is_int(document.get('seq'))]
+        upstream = [
+            document
+            for document in documents
+            if 'messages' in document and document.get('message_count') is None and document.get('log_size') is None
+        ]
+        texts: dict[int, list[str] | Damaged] = {}
+        if upstream:
+            for document, found in zip(upstream, await upstream_texts(self._database(), upstream, run_id), strict=True):
+                texts[id(document)] = found
+        return [SnapshotRow(document['seq'], document, texts.get(id(document))) for document in documents]
+
+    async def fetch_snapshot_states(self, run_id: str) -> list[tuple[int, str]]:
+        await self._for_reading()
+        cursor = self._collection(SNAPSHOTS).find(
+            {'run_id': run_id, 'state': {'$ne': PRUNED}}, projection={'seq': 1, 'state': 1}
+        )
+        states: list[tuple[int, str]] = []
+        async for document in cursor:
+            state = document.get('state')
+            if _is_int(document.get('seq')):
+                states.append((document['seq'], state if isinstance(state, str) else 'complete'))
+        return states
+
+    async def fetch_log(self, run_id: str, *, below_index: int, positions_below: int) -> LogSlice:
+        await self._for_reading()
+        selector = {
+            'run_id': run_id,
+            'log_index': {'$lt': min(below_index, 1 << 62)},
+            'position': {'$lt': min(positions_below, 1 << 62)},
+        }
+        projection = {'_id': 0, 'log_index': 1, 'position': 1, 'message': 1}
+        entries: list[LogEntry] = []
+        missing: list[range] = []
+        async for document in self._collection(LOG).find(selector, projection=projection, batch_size=10_000):
+            index, position, text = document.get('log_index'), document.get('position'), document.get('message')
+            if not _is_int(index):
+                continue
+            if _is_int(position) and isinstance(text, str):
+                entries.append(LogEntry(index, position, text))
+            else:
+                missing.append(range(index, index + 1))
+        return LogSlice(entries, tuple(missing))
+
+    async def texts_mentioning(self, needle: str) -> AsyncIterator[str]:
+        pattern = {'$regex': re.escape(needle)}
+        sources = ((LOG, 'message'), (UPSTREAM_MESSAGES, 'message'), (SNAPSHOTS, 'messages'))
+        for name, key in sources:
+            cursor = self._collection(name).find({key: pattern}, projection={'_id': 0, key: 1}, batch_size=500)
+            async for document in cursor:
+                text = document.get(key)
+                if isinstance(text, str):
+                    yield text
+
+    async def reclaim_space(self) -> None:
+        return None  # WiredTiger reuses freed space itself; `compact` is an operator's decision
+
+    async def probe(self) -> Probe:
+        database = self._database()
+        names = await database.list_collection_names()
+        if not names:
+            return Probe(exists=False, step_store=False, detail=f'database {self.database_name!r} has no collections')
+        stats = await database.command('dbStats')
+        size = int(stats.get('storageSize', 0) or 0) + int(stats.get('indexSize', 0) or 0) or None
+        if RUNS not in names:
+            detail = f'database {self.database_name!r} has no {RUNS!r} collection'
+            return Probe(exists=True, step_store=False, size_bytes=size, detail=detail)
+        return Probe(exists=True, step_store=True, size_bytes=size)
+
+    async def aclose(self) -> None:
+        await self.handle.aclose()
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _run_filter(query: RunQuery, encoding: Encoding) -> tuple[Document, bool]:
+    """The `runs` filter for `query`, and whether it is exact (so the limit can be applied by the server).
+
+    Metadata keys that are not plain names (`.`, `$`) cannot be addressed by a field path: those
+    filters are left to the kernel, which filters again.
+    """
+    selector: Document = {}
+    exact = True
+    for name in ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id'):
+        value = getattr(query, name)
+        if value is not None:
+            selector[name] = value
+    if query.status is not None:
+        selector['status'] = None if query.status == 'unfinished' else query.status
+    started: Document = {}
+    if query.started_after is not None:
+        started['$gte'] = encoding.time(query.started_after)
+    if query.started_before is not None:
+        started['$lt'] = encoding.time(query.started_before)
+    if started:
+        selector['started_at'] = started
+    if query.ended_before is not None:
+        selector['ended_at'] = {'$lt': encoding.time(query.ended_before)}
+    for key, value in (query.metadata or {}).items():
+        if _PLAIN_KEY.fullmatch(key):
+            selector[f'metadata.{key}'] = value
+        else:
+            exact = False
+    for key, value in (query.run_metadata or {}).items():
+        if not _PLAIN_KEY.fullmatch(key):
+            exact = False
+            continue
+        # Equal to the scalar, and not an array holding it (a query on an array matches its elements).
+        condition: Document = {'$type': 'null'} if value is None else {'$eq': value}
+        condition['$not'] = {'$type': 'array'}
+        selector[f'run_metadata.{key}'] = condition
+    return selector, exact

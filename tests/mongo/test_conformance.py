@@ -1,0 +1,31 @@
+"""MongoStepStore and MongoMediaStore pass the shared conformance suites against the test server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pydantic_ai_steps.media import MongoMediaStore
+from pydantic_ai_steps.step_persistence import MongoStepStore
+from pydantic_ai_steps.testing.media_store import MediaStoreConformance
+from pydantic_ai_steps.testing.step_store import StepStoreConformance, StoreFactory
+
+
+class TestMongoStepStore(StepStoreConformance):
+    persistent = True
+
+    @pytest.fixture
+    def make_store(self, url: str, database_name: str) -> StoreFactory:
+        def make(**options: Any) -> MongoStepStore:
+            return MongoStepStore(db_url=url, database=database_name, **options)
+
+        return make
+
+
+class TestMongoMediaStore(MediaStoreConformance):
+    metadata_on_repeat_put = 'first'
+
+    @pytest.fixture
+    def media_store(self, url: str, database_name: str) -> MongoMediaStore:
+        return MongoMediaStore(db_url=url, database=database_name)
