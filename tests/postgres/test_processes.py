@@ -66,7 +66,7 @@ def test_two_processes_with_concurrent_runs_lose_and_duplicate_nothing(dsn: str,
                     assert len(set(keys)) == len(keys)
                     assert await store.list_unresolved_tool_effects(run_id=run_id) == []
                     snapshots = await store.list_snapshots(run_id=run_id)  # type: ignore[attr-defined]
-                    assert len({s.seq for s in snapshots}) == len(snapshots) == steps + 2  # the input, the boundaries, the end
+                    assert len({s.seq for s in snapshots}) == len(snapshots) == steps + 2  # input, boundaries, end
                     final = ModelMessagesTypeAdapter.validate_json((tmp_path / f'{run_id}.json').read_bytes())
                     assert dump(snapshots[-1].messages) == dump(final)
         finally:

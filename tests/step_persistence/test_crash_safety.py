@@ -43,6 +43,7 @@ from pydantic_ai_steps.step_persistence import (
     open_step_store,
 )
 from pydantic_ai_steps.step_persistence.recovery import inspect_recovery
+
 from ..conftest import require_env
 from .agents import scripted
 

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from ._walker import externalize_media as externalize_media
     from ._walker import restore_media as restore_media
     from .stores.disk import DiskMediaStore as DiskMediaStore
-    from .stores.postgres import PostgresMediaStore as PostgresMediaStore
     from .stores.mongo import MongoMediaStore as MongoMediaStore
+    from .stores.postgres import PostgresMediaStore as PostgresMediaStore
     from .stores.s3 import S3AuthError as S3AuthError
     from .stores.s3 import S3ConnectionError as S3ConnectionError
     from .stores.s3 import S3Error as S3Error

@@ -32,8 +32,8 @@ from .recovery import continue_conversation, continue_run, fork_run, run_record_
 
 if TYPE_CHECKING:
     from ..store.backends.file import FileStepStore as FileStepStore
-    from ..store.backends.postgres import PostgresStepStore as PostgresStepStore
     from ..store.backends.mongo import MongoStepStore as MongoStepStore
+    from ..store.backends.postgres import PostgresStepStore as PostgresStepStore
     from ..store.backends.sqlite import SqliteStepStore as SqliteStepStore
 
 _LAZY = {
