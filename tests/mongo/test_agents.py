@@ -58,9 +58,9 @@ async def test_snapshots_keep_what_the_boundary_saw_not_what_was_stamped_later(u
     async with MongoStepStore(db_url=url, database=database_name) as reader:
         saved = await reader.list_snapshots(run_id='stamped', include_interrupted=True)
     expected = await witness.list_snapshots(run_id='stamped', include_interrupted=True)
-    assert len(saved) == len(expected) == 3
+    assert len(saved) == len(expected) == 4  # the input, two tool boundaries, the end
     assert [dump(s.messages) for s in saved] == [dump(s.messages) for s in expected]
-    first_pending = saved[0].messages[2]
+    first_pending = saved[1].messages[2]
     assert isinstance(first_pending, ModelRequest) and isinstance(first_pending.parts[0], ToolReturnPart)
     assert first_pending.timestamp is None and first_pending.instructions is None
 

@@ -56,7 +56,13 @@ from ..._records import utc_now
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
-from .._protocol import PublicUrlResolver, decode_metadata, encode_metadata, resolve_public_url
+from .._protocol import (
+    PublicUrlResolver,
+    check_stored_before,
+    decode_metadata,
+    encode_metadata,
+    resolve_public_url,
+)
 from .._uri import parse_media_uri, uri_for_digest
 
 __all__ = ['MongoMediaStore']
@@ -285,9 +291,10 @@ class MongoMediaStore:
     async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
         """Remove the blob; with `stored_before`, only if nobody put it since (checked as it is deleted)."""
         digest = parse_media_uri(uri)
+        cutoff = check_stored_before(stored_before)
         selector: Document = {'_id': digest}
-        if stored_before is not None:
-            selector['stored_at'] = {'$lt': stored_before}
+        if cutoff is not None:
+            selector['stored_at'] = {'$lt': cutoff}
         manifest = await self._manifests().find_one_and_delete(selector)
         if manifest is None:
             return False
