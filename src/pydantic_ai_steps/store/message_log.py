@@ -142,8 +142,9 @@ class MessageLog:
 
         A `'stale'` outcome means another writer extended the run's log since this process last
         wrote it: nothing was written, so the history is prepared again in full and written once
-        more, expecting no particular log end (which cannot be stale). Any failure leaves the
-        outcome unknown: the run's next save starts over. Returns what `write` returned.
+        more, expecting no particular log end (which cannot be stale: a backend answering so is
+        broken, and the save raises rather than drop the batch). Any failure leaves the outcome
+        unknown: the run's next save starts over. Returns what `write` returned.
         """
         run_id = snapshot.run_id
         try:
@@ -153,6 +154,11 @@ class MessageLog:
                 self.forget(run_id)
                 prepared = await self.prepare(snapshot)
                 outcome = await write(prepared)
+                if outcome == 'stale':
+                    raise RuntimeError(
+                        f'the backend answered stale to a snapshot of run {run_id!r} that expected no particular '
+                        'log end; nothing of the write was stored'
+                    )
         except BaseException:
             self.forget(run_id)
             raise
