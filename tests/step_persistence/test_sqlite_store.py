@@ -285,6 +285,24 @@ async def test_damaged_snapshot_rows_fall_back_to_the_newest_readable(
     reader.close()
 
 
+async def test_retention_keeps_a_snapshot_whose_state_it_cannot_read_and_goes_on(tmp_path: Path) -> None:
+    database = tmp_path / 's.db'
+    store = SqliteStepStore(database=database, media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
+    for step in (1, 2):
+        await store.save_snapshot(snap('r', history(step), step))
+    store.close()
+    with sqlite3.connect(database) as conn:
+        conn.execute("UPDATE snapshots SET state = 'sideways' WHERE step_index = 1")
+    store = SqliteStepStore(database=database, media_store=None, max_snapshots_per_run=1)
+    for step in (3, 4):
+        await store.save_snapshot(snap('r', history(step), step))  # retention runs after each
+    with sqlite3.connect(database) as conn:
+        steps = [row[0] for row in conn.execute("SELECT step_index FROM snapshots WHERE run_id = 'r' ORDER BY seq")]
+    assert steps == [1, 4]  # the unreadable one stays; the rule keeps the newest of the rest
+    store.close()
+
+
 async def test_snapshot_with_missing_log_rows_is_skipped(tmp_path: Path) -> None:
     database = tmp_path / 's.db'
     store = SqliteStepStore(database=database, media_store=None)

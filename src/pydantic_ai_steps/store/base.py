@@ -9,6 +9,7 @@ offload, decoding with skip-and-warn, fallback reads, retention, deletion and pr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -35,6 +36,7 @@ from .._records import (
     RunQuery,
     RunRecord,
     RunStatus,
+    SnapshotState,
     StepEvent,
     ToolEffectRecord,
     utc_now,
@@ -221,10 +223,14 @@ class StepStoreBase(Maintenance):
         )
 
     async def _apply_retention(self, run_id: str, limit: int) -> None:
-        states = await self._backend.fetch_snapshot_states(run_id)
-        keep = snapshots_to_keep(((seq, codec.snapshot_state(state)) for seq, state in states), limit)
+        """Delete what the keep rule drops; a snapshot whose state cannot be read is kept, outside the rule."""
+        known: list[tuple[int, SnapshotState]] = []
+        for seq, state in await self._backend.fetch_snapshot_states(run_id):
+            with contextlib.suppress(ValueError):
+                known.append((seq, codec.snapshot_state(state)))
+        keep = snapshots_to_keep(known, limit)
         if keep is not None:
-            await self._backend.delete_snapshots(run_id, [seq for seq, _ in states if seq not in keep])
+            await self._backend.delete_snapshots(run_id, [seq for seq, _ in known if seq not in keep])
 
     # --- runs -------------------------------------------------------------------------------
 
