@@ -1,0 +1,704 @@
+"""Per-step cost of persistence against the peers a user may pick, with the floor, in one run.
+
+    uv run python bench/peers.py                      # 100 and 400 steps, three rounds
+    PEERS_OA_PYTHON=/tmp/venv-oa/bin/python PEERS_LG_PYTHON=/tmp/venv-lg/bin/python \\
+        uv run python bench/peers.py --rounds 3
+
+The workload is `bench/steps.py`'s: a `FunctionModel` calling a tool that returns 2 KB, `steps`
+model requests (`steps - 1` tool cycles, then a text answer). The peers run the same workload in
+`bench/peers/` (`oa_bench.py`: the OpenAI Agents SDK's `SQLiteSession`; `lg_bench.py`:
+LangGraph's `AsyncSqliteSaver`), each as a subprocess of the interpreter of its own virtualenv
+(`--oa-python` / `PEERS_OA_PYTHON`, `--lg-python` / `PEERS_LG_PYTHON`; a peer whose interpreter is
+not given or does not exist is skipped with a note). The peers stay up for the whole invocation and
+answer one run per request, so their runs alternate with ours.
+
+Each round runs every configuration once at each step count, in an order rotated from round to
+round. Every persisted run is paired with a run of the same framework without persistence just
+before it, and its overhead per step is `(persisted - plain) / steps`; the table shows the median
+over the rounds and the spread (min-max).
+
+Rows (SQLite everywhere: WAL, a file in a fresh temporary directory):
+
+- ours: `SqliteStepStore(durable=False)` (`synchronous=NORMAL`) and `durable=True` (`FULL`); the
+  store is opened before the run (as the session is), on a database that already has the schema.
+- OpenAI Agents `SQLiteSession`: its default (`FULL`), and `synchronous=NORMAL`.
+- LangGraph `AsyncSqliteSaver`, its default `durability="async"`.
+- the floor, measured in the same rounds: (a) an empty capability overriding exactly the hooks
+  `StepPersistence` overrides (pydantic-ai's own dispatch), (b) the SQL ours issues for the run
+  (captured from a run of ours with a recording connection, texts and all), replayed on a raw
+  `sqlite3` connection to a database with the same schema in the same `synchronous` mode,
+  (c) serializing only each cycle's two new messages with pydantic-ai's `ModelMessagesTypeAdapter`.
+  `floor = a + b + c`.
+- one commit alone: a one-row insert committed on its own, `FULL` and `NORMAL` (the durable target
+  allows ours the session's cost plus one fsync'd commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+
+from pydantic_ai import Agent
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import RunContext, ToolDefinition
+
+from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps.step_persistence import SqliteStepStore
+from steps import UNLIMITED, make_agent  # the benchmark agent, from this directory
+
+HERE = Path(__file__).resolve().parent
+STEPS = (100, 400)
+
+# --- the empty capability: pydantic-ai's own dispatch of our hooks -----------------------------
+
+
+@dataclass
+class EmptyHooks(AbstractCapability[Any]):
+    """Overrides exactly the hooks `StepPersistence` overrides, each doing nothing.
+
+    pydantic-ai takes some paths only for a capability that overrides a hook (it checks
+    `on_model_request_error`, for one), so the set must match; `check_same_hooks` asserts it.
+    """
+
+    id: str | None = field(default='empty_hooks', kw_only=True)
+
+    async def for_run(self, ctx: RunContext[Any]) -> EmptyHooks:
+        return replace(self)
+
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
+        return await handler()
+
+    async def before_run(self, ctx: RunContext[Any]) -> None:
+        return None
+
+    async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
+        return result
+
+    async def on_run_error(self, ctx: RunContext[Any], *, error: BaseException) -> AgentRunResult[Any]:
+        raise error
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        return request_context
+
+    async def after_model_request(
+        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: ModelResponse
+    ) -> ModelResponse:
+        return response
+
+    async def on_model_request_error(
+        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, error: Exception
+    ) -> ModelResponse:
+        raise error
+
+    async def wrap_tool_execute(
+        self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any, handler: Any
+    ) -> Any:
+        return await handler(args)
+
+    async def after_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
+    ) -> NodeResult[Any]:
+        return result
+
+
+HOOKS = (
+    'for_run',
+    'wrap_run',
+    'before_run',
+    'after_run',
+    'on_run_error',
+    'before_model_request',
+    'after_model_request',
+    'on_model_request_error',
+    'wrap_tool_execute',
+    'after_node_run',
+)
+
+
+def overridden_hooks(cls: type) -> set[str]:
+    """The public instance methods of `AbstractCapability` that `cls` overrides (`from_spec` aside)."""
+    found: set[str] = set()
+    for name in dir(AbstractCapability):
+        if name.startswith('_') or name in ('from_spec', 'combine', 'get_serialization_name'):
+            continue
+        base: object = getattr(AbstractCapability, name)
+        if callable(base) and getattr(cls, name) is not base:
+            found.add(name)
+    return found
+
+
+def check_same_hooks() -> None:
+    ours, empty = overridden_hooks(StepPersistence), overridden_hooks(EmptyHooks)
+    if ours != empty or ours != set(HOOKS):
+        raise SystemExit(f'EmptyHooks must override the hooks StepPersistence overrides: ours {ours}, empty {empty}')
+
+
+# --- capturing the SQL ours issues ----------------------------------------------------------
+
+
+@dataclass
+class Statement:
+    sql: str
+    params: Any
+    many: bool
+    seconds: float
+
+
+class RecordingConnection:
+    """Stands in for the store's `sqlite3.Connection`: forwards every call, recording statements."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+        self.log: list[Statement] = []
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        start = time.perf_counter()
+        cursor = self.connection.execute(sql, params)
+        self.log.append(Statement(sql, tuple(params), False, time.perf_counter() - start))
+        return cursor
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        rows = [tuple(row) for row in rows]
+        start = time.perf_counter()
+        cursor = self.connection.executemany(sql, rows)
+        self.log.append(Statement(sql, rows, True, time.perf_counter() - start))
+        return cursor
+
+    def executescript(self, script: str) -> sqlite3.Cursor:
+        return self.connection.executescript(script)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.connection.in_transaction
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection, name)
+
+
+def open_store(database: Path, *, durable: bool) -> SqliteStepStore:
+    """A store on `database` with its connection opened (a schema-ready file: no migration in the run)."""
+    store = SqliteStepStore(database=database, durable=durable)
+    backend: Any = store.backend
+    with backend.lock:
+        backend._conn(False)  # the read path: opens the connection, reads the schema version
+    return store
+
+
+def record_store(store: SqliteStepStore) -> RecordingConnection:
+    backend: Any = store.backend
+    recorder = RecordingConnection(backend._connection)
+    backend._connection = recorder
+    return recorder
+
+
+def transactions(log: Sequence[Statement]) -> list[list[Statement]]:
+    """Group statements into transactions: `BEGIN`...`COMMIT`, or one autocommit statement. PRAGMAs dropped."""
+    grouped: list[list[Statement]] = []
+    current: list[Statement] | None = None
+    for statement in log:
+        head = statement.sql.lstrip().split(None, 1)[0].upper()
+        if head == 'PRAGMA':
+            continue
+        if head == 'BEGIN':
+            current = [statement]
+        elif current is not None:
+            current.append(statement)
+            if head in ('COMMIT', 'ROLLBACK'):
+                grouped.append(current)
+                current = None
+        else:
+            grouped.append([statement])
+    return grouped
+
+
+def payload_bytes(params: Any) -> int:
+    """Bytes bound to a statement (text and blobs by length, numbers as 8)."""
+    if isinstance(params, list):
+        return sum(payload_bytes(row) for row in cast(list[Any], params))
+    total = 0
+    for value in cast(tuple[Any, ...], params):
+        if isinstance(value, str):
+            total += len(value.encode())
+        elif isinstance(value, bytes):
+            total += len(value)
+        elif value is not None:
+            total += 8
+    return total
+
+
+def describe_cycle(groups: list[list[Statement]], steps: int) -> list[str]:
+    """What ours writes per tool cycle: the transactions of the middle cycles, statement by statement."""
+    cycles = steps - 1
+    lines = [f'{len(groups)} transactions for {steps} steps ({cycles} tool cycles), per middle cycle:']
+    # The run's registration is first and its closing write last; the rest repeats every cycle.
+    middle = groups[1:-1]
+    per_cycle = len(middle) / cycles if cycles else 0
+    lines.append(f'  {per_cycle:.2f} transactions per cycle')
+    sample = middle[len(middle) // 2 - (len(middle) // 2) % 2 :][:2]
+    for index, group in enumerate(sample):
+        lines.append(f'  transaction {index + 1}:')
+        for statement in group:
+            rows = len(statement.params) if statement.many else 1
+            text = ' '.join(statement.sql.split())
+            text = text if len(text) <= 70 else text[:67] + '...'
+            lines.append(f'    {text}  [{rows} row(s), {payload_bytes(statement.params)} B bound]')
+    return lines
+
+
+async def make_template(directory: Path) -> Path:
+    """A database with this release's schema and no rows (written by the store itself)."""
+    path = directory / 'template.db'
+    store = SqliteStepStore(database=path)
+    await make_agent(2, [StepPersistence(store=store, agent_name='bench')]).run('go', usage_limits=UNLIMITED)
+    store.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    tables = [
+        row[0]
+        for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+    ]
+    for table in tables:
+        if table != 'schema_version':
+            conn.execute(f'DELETE FROM {table}')
+    conn.execute("DELETE FROM sqlite_sequence WHERE name != ''")
+    conn.execute('VACUUM')
+    conn.execute('PRAGMA wal_checkpoint(TRUNCATE)')
+    conn.close()
+    return path
+
+
+def raw_connection(path: Path, *, durable: bool) -> sqlite3.Connection:
+    """A plain connection set up like the store's: WAL, `synchronous`, no automatic checkpoints."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute('PRAGMA journal_mode=WAL')
+    conn.execute(f'PRAGMA synchronous={"FULL" if durable else "NORMAL"}')
+    conn.execute('PRAGMA wal_autocheckpoint = 0')
+    return conn
+
+
+def replay(conn: sqlite3.Connection, groups: Sequence[Sequence[Statement]]) -> tuple[float, float]:
+    """Run the captured transactions again, as they were issued; wall and CPU seconds taken."""
+    gc.collect()
+    start, cpu = time.perf_counter(), time.process_time()
+    for group in groups:
+        for statement in group:
+            if statement.many:
+                conn.executemany(statement.sql, statement.params)
+            else:
+                conn.execute(statement.sql, statement.params).fetchall()
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def serialize_cycles(history: Sequence[ModelMessage]) -> tuple[float, float]:
+    """Wall and CPU seconds to serialize only each cycle's new messages (its response and its tool return)."""
+    cycles = [list(history[index : index + 2]) for index in range(1, len(history) - 1, 2)]
+    gc.collect()
+    start, cpu = time.perf_counter(), time.process_time()
+    for cycle in cycles:
+        ModelMessagesTypeAdapter.dump_json(cycle)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def one_commit(directory: Path, *, durable: bool, count: int = 40) -> float:
+    """Median seconds of a one-row insert committed on its own (WAL, the given `synchronous`)."""
+    path = directory / f'commit-{durable}.db'
+    conn = raw_connection(path, durable=durable)
+    conn.execute('CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, v TEXT)')
+    row = 'x' * 200
+    samples: list[float] = []
+    for _ in range(count):
+        start = time.perf_counter()
+        conn.execute('BEGIN IMMEDIATE')
+        conn.execute('INSERT INTO t (v) VALUES (?)', (row,))
+        conn.execute('COMMIT')
+        samples.append(time.perf_counter() - start)
+    conn.close()
+    for suffix in ('', '-wal', '-shm'):
+        Path(f'{path}{suffix}').unlink(missing_ok=True)
+    return statistics.median(samples)
+
+
+# --- the peers ------------------------------------------------------------------------------
+
+
+class Peer:
+    """A peer's benchmark script serving runs over its stdin/stdout, in its own virtualenv."""
+
+    def __init__(self, label: str, python: str, script: Path) -> None:
+        self.label = label
+        self.process = subprocess.Popen(
+            [python, str(script), '--serve'], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        ready = self._read()
+        if not ready.get('ready'):
+            raise SystemExit(f'{label}: unexpected first line {ready!r}')
+
+    def _read(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f'{self.label}: the peer process ended (exit {self.process.wait()})')
+        return cast(dict[str, Any], json.loads(line))
+
+    def run(self, kind: str, steps: int) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({'kind': kind, 'steps': steps}) + '\n')
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
+# --- the rounds -----------------------------------------------------------------------------
+
+
+Series = dict[tuple[str, int], list[float]]
+
+
+@dataclass
+class Results:
+    overhead: Series = field(default_factory=Series)
+    """(row, steps) -> wall seconds per step, one value per round."""
+    cpu: Series = field(default_factory=Series)
+    """(row, steps) -> CPU seconds of the process (all its threads) per step, one value per round."""
+    own: Series = field(default_factory=Series)
+    """(framework, steps) -> the plain run's wall seconds per step."""
+    notes: list[str] = field(default_factory=list[str])
+
+    def add(self, row: str, steps: int, value: float, cpu: float | None = None) -> None:
+        self.overhead.setdefault((row, steps), []).append(value)
+        if cpu is not None:
+            self.cpu.setdefault((row, steps), []).append(cpu)
+
+    def add_own(self, framework: str, steps: int, value: float) -> None:
+        self.own.setdefault((framework, steps), []).append(value)
+
+
+OURS_NORMAL = 'ours, `SqliteStepStore` (WAL, `synchronous=NORMAL`)'
+OURS_FULL = 'ours, `durable=True` (`FULL`)'
+OA_FULL = 'OpenAI Agents `SQLiteSession`, its default `FULL`'
+OA_NORMAL = 'the same with `synchronous=NORMAL`'
+LG = 'LangGraph `AsyncSqliteSaver` (default `durability="async"`)'
+EMPTY = '(a) empty capability, the same hooks (dispatch)'
+RAW_NORMAL = "(b) raw `sqlite3`, ours' statements, `NORMAL`"
+RAW_FULL = "(b) raw `sqlite3`, ours' statements, `FULL`"
+SERIALIZE = "(c) serializing each cycle's new messages"
+FLOOR_NORMAL = 'floor `NORMAL` = a + b + c'
+FLOOR_FULL = 'floor `FULL` = a + b + c'
+COMMIT_FULL = 'one commit alone, `FULL` (per commit)'
+COMMIT_NORMAL = 'one commit alone, `NORMAL` (per commit)'
+OURS_MINUS_EMPTY = 'ours `NORMAL` minus (a)'
+OURS_FULL_MINUS_EMPTY = 'ours `FULL` minus (a)'
+
+
+@dataclass
+class Bench:
+    scratch: Path
+    template: Path
+    captured: dict[int, list[list[Statement]]]
+    histories: dict[int, list[ModelMessage]]
+    peers: dict[str, Peer]
+    results: Results = field(default_factory=Results)
+    counter: int = 0
+
+    def fresh_database(self) -> Path:
+        self.counter += 1
+        directory = self.scratch / f'run-{self.counter}'
+        directory.mkdir()
+        path = directory / 'steps.db'
+        shutil.copyfile(self.template, path)
+        return path
+
+    async def plain(self, steps: int) -> tuple[float, float]:
+        elapsed = await timed_run(make_agent(steps, []))
+        self.results.add_own('pydantic-ai', steps, elapsed[0] / steps)
+        return elapsed
+
+    async def ours(self, steps: int, order: int) -> None:
+        configs: list[tuple[str, Callable[[], tuple[list[Any], SqliteStepStore | None]]]] = [
+            (EMPTY, lambda: ([EmptyHooks()], None)),
+            (OURS_NORMAL, lambda: self._persisted(durable=False)),
+            (OURS_FULL, lambda: self._persisted(durable=True)),
+        ]
+        for label, build in rotated(configs, order):
+            base, base_cpu = await self.plain(steps)
+            capabilities, store = build()
+            elapsed, cpu = await timed_run(make_agent(steps, capabilities))
+            if store is not None:
+                store.close()
+                shutil.rmtree(Path(cast(str, store.database)).parent, ignore_errors=True)
+            self.results.add(label, steps, (elapsed - base) / steps, (cpu - base_cpu) / steps)
+
+    def _persisted(self, *, durable: bool) -> tuple[list[Any], SqliteStepStore]:
+        store = open_store(self.fresh_database(), durable=durable)
+        return [StepPersistence(store=store, agent_name='bench')], store
+
+    def floor(self, steps: int) -> None:
+        for durable, label in ((False, RAW_NORMAL), (True, RAW_FULL)):
+            path = self.fresh_database()
+            conn = raw_connection(path, durable=durable)
+            elapsed, cpu = replay(conn, self.captured[steps])
+            conn.close()
+            shutil.rmtree(path.parent, ignore_errors=True)
+            self.results.add(label, steps, elapsed / steps, cpu / steps)
+        elapsed, cpu = serialize_cycles(self.histories[steps])
+        self.results.add(SERIALIZE, steps, elapsed / steps, cpu / steps)
+        self.results.add(COMMIT_FULL, steps, one_commit(self.scratch, durable=True))
+        self.results.add(COMMIT_NORMAL, steps, one_commit(self.scratch, durable=False))
+
+    def peer(self, name: str, steps: int) -> None:
+        peer = self.peers[name]
+        configs = [('sqlite', OA_FULL), ('sqlite-normal', OA_NORMAL)] if name == 'oa' else [('sqlite', LG)]
+        for kind, label in configs:
+            plain = peer.run('none', steps)
+            self.results.add_own(name, steps, plain['t'] / steps)
+            found = peer.run(kind, steps)
+            self.results.add(label, steps, (found['t'] - plain['t']) / steps, (found['cpu'] - plain['cpu']) / steps)
+            note = f'{name} {kind}: synchronous={found.get("synchronous")}, journal_mode={found.get("journal_mode")}'
+            if note not in self.results.notes:
+                self.results.notes.append(note)
+
+
+def rotated(items: Sequence[Any], by: int) -> list[Any]:
+    by %= len(items)
+    return [*items[by:], *items[:by]]
+
+
+async def timed_run(agent: Agent[None, str]) -> tuple[float, float]:
+    """Wall and CPU seconds (the process's, all threads) of one run."""
+    gc.collect()
+    start, cpu = time.perf_counter(), time.process_time()
+    await agent.run('go', usage_limits=UNLIMITED)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+async def capture(scratch: Path, template: Path, steps: int) -> tuple[list[list[Statement]], list[ModelMessage]]:
+    """The SQL one run of ours issues (recorded, not timed), and the run's final history."""
+    directory = scratch / f'capture-{steps}'
+    directory.mkdir()
+    path = directory / 'steps.db'
+    shutil.copyfile(template, path)
+    store = open_store(path, durable=False)
+    recorder = record_store(store)
+    result = await make_agent(steps, [StepPersistence(store=store, agent_name='bench')]).run(
+        'go', usage_limits=UNLIMITED
+    )
+    store.close()
+    shutil.rmtree(directory, ignore_errors=True)
+    return transactions(recorder.log), result.all_messages()
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def summary(values: Sequence[float] | None) -> tuple[float | None, str]:
+    if not values:
+        return None, '-'
+    median = statistics.median(values)
+    if len(values) == 1:
+        return median, f'{median * 1000:.2f} ms'
+    return median, f'{median * 1000:.2f} ms ({min(values) * 1000:.2f}-{max(values) * 1000:.2f})'
+
+
+def derived(series: Series) -> None:
+    """Rows computed per round from the measured ones (a + b + c; ours minus a)."""
+    for steps in STEPS:
+
+        def get(row: str, steps: int = steps) -> list[float]:
+            return series.get((row, steps), [])
+
+        for floor, raw in ((FLOOR_NORMAL, RAW_NORMAL), (FLOOR_FULL, RAW_FULL)):
+            for a, b, c in zip(get(EMPTY), get(raw), get(SERIALIZE), strict=False):
+                series.setdefault((floor, steps), []).append(a + b + c)
+        for row, ours in ((OURS_MINUS_EMPTY, OURS_NORMAL), (OURS_FULL_MINUS_EMPTY, OURS_FULL)):
+            for value, empty in zip(get(ours), get(EMPTY), strict=False):
+                series.setdefault((row, steps), []).append(value - empty)
+
+
+ROWS = (
+    OURS_NORMAL,
+    OURS_FULL,
+    OA_FULL,
+    OA_NORMAL,
+    LG,
+    EMPTY,
+    RAW_NORMAL,
+    RAW_FULL,
+    SERIALIZE,
+    FLOOR_NORMAL,
+    FLOOR_FULL,
+    COMMIT_FULL,
+    COMMIT_NORMAL,
+    OURS_MINUS_EMPTY,
+    OURS_FULL_MINUS_EMPTY,
+)
+
+
+def table(series: Series) -> dict[tuple[str, int], float | None]:
+    """Print one markdown table of `series`; return its medians."""
+    medians: dict[tuple[str, int], float | None] = {}
+    print('| | @100 steps | @400 steps | 400 vs 100 |')
+    print('|---|---|---|---|')
+    for row in ROWS:
+        cells: list[str] = []
+        for steps in STEPS:
+            median, text = summary(series.get((row, steps)))
+            medians[row, steps] = median
+            cells.append(text)
+        if all(cell == '-' for cell in cells):
+            continue
+        low, high = medians[row, 100], medians[row, 400]
+        growth = f'{high / low:.2f}x' if low and high is not None and low > 0 else '-'
+        print(f'| {row} | {cells[0]} | {cells[1]} | {growth} |')
+    return medians
+
+
+def report(results: Results, rounds: int, load: list[tuple[float, float, float]]) -> None:
+    derived(results.overhead)
+    derived(results.cpu)
+    print()
+    print(f'Overhead per step (wall clock), median of {rounds} rounds (min-max); one commit alone: per commit.')
+    print()
+    medians = table(results.overhead)
+    print()
+    own = ', '.join(
+        f'{name} {summary(results.own.get((name, steps)))[1].split(" (")[0]}/step@{steps}'
+        for name in ('pydantic-ai', 'oa', 'lg')
+        for steps in STEPS
+        if results.own.get((name, steps))
+    )
+    print(f'Each framework alone (median of its plain runs): {own}.')
+    for note in results.notes:
+        print(f'- {note}')
+    print(
+        '- load average (1 min) at the start of each round: '
+        + ', '.join(f'{one:.1f}' for one, _, _ in load)
+        + f' on {os.cpu_count()} cores'
+    )
+    print()
+    targets(medians)
+    print()
+    print('The same in CPU time of the process (all its threads; waits for the disk not included):')
+    print()
+    table(results.cpu)
+
+
+def targets(m: dict[tuple[str, int], float | None]) -> None:
+    def ms(value: float | None) -> str:
+        return '-' if value is None else f'{value * 1000:.2f}'
+
+    print('Targets (medians of this run):')
+    for steps in STEPS:
+        ours, session, floor = m.get((OURS_NORMAL, steps)), m.get((OA_NORMAL, steps)), m.get((FLOOR_NORMAL, steps))
+        if ours is not None and session is not None:
+            verdict = 'met' if ours <= session else 'missed'
+            extra = ''
+            if floor is not None:
+                extra = f'; ours / floor {ours / floor:.2f}x'
+                if session < floor:
+                    extra += ' (the session is below our floor: the target becomes <= 1.3x the floor)'
+            print(f'- NORMAL @{steps}: ours {ms(ours)} vs session {ms(session)} ms: {verdict}{extra}')
+        ours, session, commit = m.get((OURS_FULL, steps)), m.get((OA_FULL, steps)), m.get((COMMIT_FULL, steps))
+        floor = m.get((FLOOR_FULL, steps))
+        if ours is not None and session is not None and commit is not None:
+            allowed = session + commit
+            verdict = 'met' if ours <= allowed else 'missed'
+            extra = f'; ours / floor {ours / floor:.2f}x' if floor is not None else ''
+            print(
+                f"- FULL @{steps}: ours {ms(ours)} vs session + one fsync'd commit "
+                f'{ms(session)} + {ms(commit)} = {ms(allowed)} ms: {verdict}{extra}'
+            )
+    low, high = m.get((OURS_MINUS_EMPTY, 100)), m.get((OURS_MINUS_EMPTY, 400))
+    if low and high is not None:
+        verdict = 'met' if high / low <= 1.1 else 'missed'
+        print(f'- ours NORMAL minus dispatch, 400 vs 100: {high / low:.2f}x (target <= 1.1x): {verdict}')
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def start_peers(args: argparse.Namespace) -> dict[str, Peer]:
+    peers: dict[str, Peer] = {}
+    for name, python, script in (('oa', args.oa_python, 'oa_bench.py'), ('lg', args.lg_python, 'lg_bench.py')):
+        if not python:
+            print(f'{name}: no interpreter given (--{name}-python or PEERS_{name.upper()}_PYTHON): skipped')
+            continue
+        if not Path(python).exists():
+            print(f'{name}: {python} does not exist: skipped')
+            continue
+        peers[name] = Peer(name, python, HERE / 'peers' / script)
+    return peers
+
+
+def groups_for(bench: Bench) -> list[str]:
+    return ['ours', 'floor', *bench.peers]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or '').splitlines()[0])
+    parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--oa-python', default=os.environ.get('PEERS_OA_PYTHON'))
+    parser.add_argument('--lg-python', default=os.environ.get('PEERS_LG_PYTHON'))
+    parser.add_argument('--show-cycle', action='store_true', help='print the statements of one tool cycle')
+    args = parser.parse_args()
+    check_same_hooks()
+    peers = start_peers(args)
+    load: list[tuple[float, float, float]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix='peers-bench-') as scratch_name:
+            scratch = Path(scratch_name)
+            template = await make_template(scratch)
+            captured: dict[int, list[list[Statement]]] = {}
+            histories: dict[int, list[ModelMessage]] = {}
+            for steps in STEPS:
+                captured[steps], histories[steps] = await capture(scratch, template, steps)
+            if args.show_cycle:
+                print('\n'.join(describe_cycle(captured[100], 100)))
+            bench = Bench(scratch, template, captured, histories, peers)
+            for steps in STEPS:  # warm-up
+                await bench.ours(steps, 0)
+            bench.results = Results()
+            for round_index in range(args.rounds):
+                load.append(os.getloadavg())
+                for steps in STEPS:
+                    for group in rotated(groups_for(bench), round_index):
+                        if group == 'ours':
+                            await bench.ours(steps, round_index)
+                        elif group == 'floor':
+                            bench.floor(steps)
+                        else:
+                            bench.peer(group, steps)
+                print(f'round {round_index + 1} of {args.rounds} done', file=sys.stderr)
+            report(bench.results, args.rounds, load)
+    finally:
+        for peer in peers.values():
+            peer.close()
+
+
+if __name__ == '__main__':
+    asyncio.run(main())

@@ -1,0 +1,216 @@
+"""The OpenAI Agents SDK on `bench/steps.py`'s workload, for `bench/peers.py`.
+
+Runs in a virtualenv with `openai-agents` installed (not this project's). One `Runner.run` of an
+`Agent` with a function tool `fetch(page)` returning 2048 characters (the same text as ours) and a
+scripted `Model` that emits one function call per request until `steps - 1` calls were made, then a
+text answer: `steps` model requests, like `bench/steps.py`. Tracing is disabled (no API key).
+
+Kinds: `none` (no session), `sqlite` (a file-backed `SQLiteSession`, the SDK's own settings:
+WAL, `synchronous=FULL`, one commit per item batch), `sqlite-normal` (the same with
+`synchronous=NORMAL` on every connection it opens), `memory` (`SQLiteSession(':memory:')`).
+
+    python oa_bench.py --steps 100 --reps 3          # standalone: one JSON object
+    python oa_bench.py --serve                       # for bench/peers.py: JSON lines in, JSON lines out
+
+In `--serve` mode each input line is `{"kind": ..., "steps": N}` and the answer is one line with the
+run's wall time `t` (seconds) and what it stored. `OA_SYNC_NORMAL=1` makes `sqlite` mean
+`sqlite-normal` (the switch of the first version of this script).
+"""
+# pyright: basic, reportMissingImports=false, reportMissingModuleSource=false
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled
+from agents.items import ModelResponse
+from agents.models.interface import Model
+from agents.usage import Usage
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+set_tracing_disabled(True)
+
+PAYLOAD = 2048
+_sync_normal = os.environ.get('OA_SYNC_NORMAL') == '1'
+_configure = SQLiteSession._configure_connection
+
+
+def _configure_connection(conn: sqlite3.Connection) -> None:
+    _configure(conn)
+    if _sync_normal:
+        conn.execute('PRAGMA synchronous=NORMAL')
+
+
+SQLiteSession._configure_connection = staticmethod(_configure_connection)
+
+
+@function_tool
+def fetch(page: int) -> str:
+    """Fetch a page."""
+    return (f'page {page}: ' + 'x' * PAYLOAD)[:PAYLOAD]
+
+
+def _typ(item: Any) -> Any:
+    return item.get('type') if isinstance(item, dict) else getattr(item, 'type', None)
+
+
+class ScriptedModel(Model):
+    """A function call per request until `steps - 1` calls are in the input, then 'done'.
+
+    Like `bench/steps.py`'s `FunctionModel` it counts prior calls by scanning the input each turn.
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    async def get_response(
+        self,
+        system_instructions,
+        input,
+        model_settings,
+        tools,
+        output_schema,
+        handoffs,
+        tracing,
+        *,
+        previous_response_id=None,
+        conversation_id=None,
+        prompt=None,
+        **kw,
+    ):
+        calls = 0 if isinstance(input, str) else sum(1 for it in input if _typ(it) == 'function_call')
+        if calls < self.steps - 1:
+            out = [
+                ResponseFunctionToolCall(
+                    type='function_call',
+                    name='fetch',
+                    arguments=json.dumps({'page': calls}),
+                    call_id=f'call-{calls}',
+                    id=f'fc-{calls}',
+                    status='completed',
+                )
+            ]
+        else:
+            out = [
+                ResponseOutputMessage(
+                    type='message',
+                    id='msg-final',
+                    role='assistant',
+                    status='completed',
+                    content=[ResponseOutputText(type='output_text', text='done', annotations=[])],
+                )
+            ]
+        return ModelResponse(output=out, usage=Usage(), response_id=None)
+
+    def stream_response(self, *a, **kw):  # not used
+        raise NotImplementedError
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob('*') if p.is_file())
+
+
+async def one_run(kind: str, steps: int) -> dict[str, Any]:
+    global _sync_normal
+    agent = Agent(name='bench', instructions='', model=ScriptedModel(steps), tools=[fetch])
+    out: dict[str, Any] = {'kind': kind, 'steps': steps}
+    root = Path(tempfile.mkdtemp(prefix='oabench-'))
+    try:
+        session = None
+        if kind in ('sqlite', 'sqlite-normal'):
+            _sync_normal = kind == 'sqlite-normal' or os.environ.get('OA_SYNC_NORMAL') == '1'
+            session = SQLiteSession('c-long', db_path=str(root / 'sess.db'))
+        elif kind == 'memory':
+            session = SQLiteSession('c-long')
+        elif kind != 'none':
+            raise SystemExit(f'unknown kind {kind!r}')
+        gc.collect()
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = await Runner.run(agent, 'go', max_turns=steps + 10, session=session)
+        out['t'], out['cpu'] = time.perf_counter() - t0, time.process_time() - c0
+        assert res.final_output == 'done', res.final_output
+        hist = res.to_input_list()
+        assert sum(1 for it in hist if _typ(it) == 'function_call_output') == steps - 1
+        out['hist'] = len(json.dumps(hist).encode())
+        if session is not None:
+            items = await session.get_items()
+            out['items'] = len(items)
+            if kind != 'memory':
+                conn = sqlite3.connect(str(root / 'sess.db'))
+                out['synchronous'] = {0: 'OFF', 1: 'NORMAL', 2: 'FULL', 3: 'EXTRA'}[
+                    session._get_connection().execute('PRAGMA synchronous').fetchone()[0]
+                ]
+                out['journal_mode'] = conn.execute('PRAGMA journal_mode').fetchone()[0]
+                conn.close()
+                session.close()
+                out['bytes'] = dir_bytes(root)
+            else:
+                session.close()
+    finally:
+        _sync_normal = os.environ.get('OA_SYNC_NORMAL') == '1'
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+async def serve() -> None:
+    await one_run('none', 5)  # warm-up: imports, first compile
+    await one_run('sqlite', 5)
+    print(json.dumps({'ready': True, 'framework': 'openai-agents'}), flush=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return
+        request = json.loads(line)
+        print(json.dumps(await one_run(request['kind'], int(request['steps']))), flush=True)
+
+
+async def standalone(steps: int, reps: int, kinds: list[str]) -> None:
+    await one_run('none', 5)
+    await one_run('sqlite', 5)
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    for rep in range(reps):
+        for k in kinds if rep % 2 == 0 else list(reversed(kinds)):
+            runs[k].append(await one_run(k, steps))
+    base = statistics.median(r['t'] for r in runs['none'])
+    res: dict[str, Any] = {
+        'framework': 'openai-agents',
+        'steps': steps,
+        'reps': reps,
+        'own_ms_per_step': round(base / steps * 1e3, 3),
+        'raw_times': {k: [round(r['t'], 4) for r in v] for k, v in runs.items()},
+    }
+    for k in kinds:
+        if k != 'none':
+            t = statistics.median(r['t'] for r in runs[k])
+            res[k] = {'run_s': round(t, 4), 'overhead_ms_per_step': round((t - base) / steps * 1e3, 3)}
+    print(json.dumps(res))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--steps', type=int, default=100)
+    ap.add_argument('--reps', type=int, default=3)
+    ap.add_argument('--configs', default='none,sqlite')
+    ap.add_argument('--serve', action='store_true')
+    a = ap.parse_args()
+    if a.serve:
+        asyncio.run(serve())
+    else:
+        asyncio.run(standalone(a.steps, a.reps, a.configs.split(',')))
+
+
+if __name__ == '__main__':
+    main()
