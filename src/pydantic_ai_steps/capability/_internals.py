@@ -52,9 +52,18 @@ async def call_operation(
 ) -> _R:
     """Call `operation` (a bound method of `owner` decorated `@durable_operation(name=name)`).
 
-    Without an engine dispatching it, the undecorated method runs directly.
+    Without an engine dispatching it, the undecorated method runs directly. With one, its dispatcher
+    is called with `ctx`, as pydantic-ai's wrapper would call it: the wrapper finds the run context
+    in an ambient variable when the operation takes none, and that variable is already reset where
+    `wrap_run` handles the run's exit, so through the wrapper the closing write would run inline,
+    unjournaled, in workflow code (and during a Temporal cache eviction write a `run_failed` for a
+    run that goes on elsewhere).
     """
-    if runs_inline(ctx, owner.id, name):
+    operations: Any = getattr(ctx, '_durable_operations', _ABSENT)
+    if operations is _ABSENT:
+        return await operation(*args, **kwargs)
+    dispatcher = operations.get((owner.id, name)) if operations else None
+    if dispatcher is None:
         undecorated = cast(Callable[..., Awaitable[_R]], inspect.unwrap(operation))
         return await undecorated(owner, *args, **kwargs)
-    return await operation(*args, **kwargs)
+    return cast(_R, await dispatcher(ctx, args, kwargs))
