@@ -12,7 +12,7 @@ import uuid
 from typing import Any, Literal
 
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
-from pydantic_ai.messages import ModelMessage
+from pydantic_ai.messages import ModelMessagesTypeAdapter
 from pydantic_ai.tools import AgentDepsT
 
 from .._records import (
@@ -111,18 +111,21 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
         *,
         run_id: str,
         step_index: int,
-        messages: list[ModelMessage],
+        messages: list[Any],
         conversation_id: str | None,
         parent_run_id: str | None,
         agent_name: str | None,
         state: SnapshotState = 'complete',
         snapshot_index: int,
     ) -> None:
+        """`messages` is typed loosely so the engine's schema for it costs nothing at agent construction
+        (one over pydantic-ai's message types takes seconds to build); it crosses as pydantic-ai's JSON
+        form (Temporal) or as the message objects (DBOS), and is validated here."""
         await self.store.save_snapshot(
             continuable_snapshot(
                 run_id=run_id,
                 step_index=step_index,
-                messages=messages,
+                messages=ModelMessagesTypeAdapter.validate_python(messages),
                 conversation_id=conversation_id,
                 parent_run_id=parent_run_id,
                 agent_name=agent_name,
