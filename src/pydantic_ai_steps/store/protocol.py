@@ -87,11 +87,10 @@ class RecordBatchStore(StepStore, Protocol):
     `write_records` must be equivalent to `register_run(run)` (raising `RunAlreadyExistsError`
     before anything else is written), then `save_snapshot(snapshot)`, then `record_tool_effect`
     for each tool effect, then `append_event` for each event, in that order, with the same
-    idempotency rules; a store with transactions makes it one. The capability uses it, when a
-    store offers it and no durability engine journals its calls one by one, to write a step's
-    informational events and closed ledger entries together with the next write that must
+    idempotency rules; a store with transactions makes it one. The capability uses it to write a
+    step's informational events and closed ledger entries together with the next write that must
     happen anyway (a ledger `started` entry or a boundary snapshot), so a tool cycle costs two
-    writes instead of eight.
+    writes instead of eight; under a durability engine each such write is one durable operation.
     """
 
     async def write_records(
