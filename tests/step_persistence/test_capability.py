@@ -683,8 +683,9 @@ async def test_batched_ledger_entry_closes_with_the_snapshot_holding_the_result(
     assert closed_with == [(['c1'], ['c1']), (['c2'], ['c1', 'c2'])]
 
 
-async def test_batching_is_off_under_a_durability_engine() -> None:
-    """An engine journals each durable operation, so each record is written by its own operation."""
+async def test_an_engine_dispatching_the_capability_is_told_from_none() -> None:
+    """Under an engine that dispatches its operations the capability writes through them (one
+    `write_records` operation per write); without one, straight to the store."""
     from types import SimpleNamespace
 
     free = capability_module.engine_free

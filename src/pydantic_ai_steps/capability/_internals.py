@@ -6,15 +6,28 @@
 - `inspect.unwrap` of a `@durable_operation` method: its undecorated function. pydantic-ai's
   wrapper binds the call signature on every call before it finds that a run without an engine
   runs the call inline; calling the undecorated method directly does the same, minus the binding.
+- `BaseDurabilityCapability.in_durable_context` (pydantic-ai's durability capabilities, found in
+  the run's capability tree): whether the engine journals the dispatched operations now (inside
+  its workflow) or runs them inline (outside one, or inside one of its steps or activities).
+  Unknown: assume it journals.
+- The engines' own "am I in workflow code" calls (`DBOS.workflow_id` / `DBOS.step_id`,
+  `temporalio.workflow.in_workflow()`), asked only of an engine already imported, and their patch
+  markers (`DBOS.patch_async`, `temporalio.workflow.patched`), which tell a workflow recorded
+  before `write_records` from a new one.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from pydantic_ai.tools import RunContext
+
+from .._records import utc_now
 
 _R = TypeVar('_R')
 _ABSENT = object()
@@ -67,3 +80,82 @@ async def call_operation(
         undecorated = cast(Callable[..., Awaitable[_R]], inspect.unwrap(operation))
         return await undecorated(owner, *args, **kwargs)
     return cast(_R, await dispatcher(ctx, args, kwargs))
+
+
+WRITE_RECORDS_PATCH = 'pydantic-ai-steps:write-records'
+"""The engines' patch marker for runs recorded with `write_records` (see `_operations`)."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The durability engine whose workflow code is running now."""
+
+    name: str
+    wrapper: str
+    """pydantic-ai's deprecated wrapper agent for it, which registers no capability operations."""
+    capability: str
+    """pydantic-ai's durability capability for it, which does."""
+    unit: str
+    """What makes code a durable unit of it (where a plain agent run belongs)."""
+
+
+DBOS_ENGINE = Engine('DBOS', 'DBOSAgent', 'DBOSDurability', 'a DBOS step (`@DBOS.step()`)')
+TEMPORAL_ENGINE = Engine('Temporal', 'TemporalAgent', 'TemporalDurability', 'a Temporal activity')
+
+
+def workflow_engine() -> Engine | None:
+    """The engine whose workflow code (not one of its steps or activities) is running, if any."""
+    temporal_workflow: Any = sys.modules.get('temporalio.workflow')
+    if temporal_workflow is not None and temporal_workflow.in_workflow():
+        return TEMPORAL_ENGINE
+    dbos: Any = sys.modules.get('dbos')
+    if dbos is not None:
+        try:
+            in_workflow = dbos.DBOS.workflow_id is not None and dbos.DBOS.step_id is None
+        except Exception:  # an unlaunched or older DBOS: not in its workflow
+            in_workflow = False
+        if in_workflow:
+            return DBOS_ENGINE
+    return None
+
+
+def journaling(ctx: RunContext[Any]) -> bool:
+    """Whether a durability capability of this run journals the operations it dispatches right now."""
+    try:
+        from pydantic_ai.capabilities.abstract import leaf_capabilities
+        from pydantic_ai.durable_exec import BaseDurabilityCapability
+    except ImportError:  # pragma: no cover - a pydantic-ai without them: assume it journals
+        return True
+    root = ctx.root_capability
+    if root is None:
+        return True
+    engines = [leaf for leaf in leaf_capabilities(root) if isinstance(leaf, BaseDurabilityCapability)]
+    try:
+        return not engines or any(bool(engine.in_durable_context) for engine in engines)
+    except Exception:  # pragma: no cover - an engine that cannot tell: assume it journals
+        return True
+
+
+async def records_batched(ctx: RunContext[Any]) -> bool:
+    """Whether this engine run writes with `write_records`: every new one; not one recorded before it.
+
+    The engine's patch API answers from the journal: a replayed workflow whose history predates
+    `write_records` gets `False` and replays the single-record operations it recorded.
+    """
+    del ctx
+    engine = workflow_engine()
+    if engine is TEMPORAL_ENGINE:
+        temporal_workflow: Any = sys.modules['temporalio.workflow']
+        return bool(temporal_workflow.patched(WRITE_RECORDS_PATCH))
+    if engine is DBOS_ENGINE:
+        dbos: Any = sys.modules['dbos']
+        patch = getattr(dbos.DBOS, 'patch_async', None)
+        return True if patch is None else bool(await patch(WRITE_RECORDS_PATCH))
+    return True
+
+
+def run_clock(ctx: RunContext[Any]) -> Callable[[], datetime]:
+    """The run's clock: the engine's replay-safe one where it has one (Temporal's workflow time)."""
+    root = ctx.root_capability
+    clock = root.get_run_clock() if root is not None else None
+    return clock if clock is not None else utc_now
