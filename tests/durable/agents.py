@@ -145,7 +145,7 @@ def write_as_before_write_records() -> None:
     to record workflows that a newer worker must then replay: `STEPS_DURABLE_LEGACY=1`."""
     from pydantic_ai_steps.capability import _persistence
 
-    async def never(ctx: Any) -> bool:
+    async def never(ctx: Any, capability_id: str | None) -> bool:
         return False
 
     _persistence.records_batched = never  # pyright: ignore[reportAttributeAccessIssue]

@@ -36,7 +36,7 @@ def take_engine_path(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     monkeypatch.setattr(_persistence, 'engine_free', lambda ctx, capability_id: False)
     monkeypatch.setattr(_persistence, 'journaling', lambda ctx: True)
 
-    async def batched(ctx: Any) -> bool:
+    async def batched(ctx: Any, capability_id: str | None) -> bool:
         return True
 
     monkeypatch.setattr(_persistence, 'records_batched', batched)

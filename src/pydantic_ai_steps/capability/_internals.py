@@ -11,13 +11,14 @@
   its workflow) or runs them inline (outside one, or inside one of its steps or activities).
   Unknown: assume it journals.
 - The engines' own "am I in workflow code" calls (`DBOS.workflow_id` / `DBOS.step_id`,
-  `temporalio.workflow.in_workflow()`), asked only of an engine already imported, and their patch
-  markers (`DBOS.patch_async`, `temporalio.workflow.patched`), which tell a workflow recorded
-  before `write_records` from a new one.
+  `temporalio.workflow.in_workflow()`), asked only of an engine already imported, and what tells
+  a workflow recorded before `write_records` from a new one (Temporal's patch marker, DBOS's list
+  of recorded steps).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import sys
 from collections.abc import Awaitable, Callable
@@ -83,7 +84,7 @@ async def call_operation(
 
 
 WRITE_RECORDS_PATCH = 'pydantic-ai-steps:write-records'
-"""The engines' patch marker for runs recorded with `write_records` (see `_operations`)."""
+"""Temporal's patch marker for workflows recorded with `write_records` (see `_operations`)."""
 
 
 @dataclass(frozen=True)
@@ -136,11 +137,22 @@ def journaling(ctx: RunContext[Any]) -> bool:
         return True
 
 
-async def records_batched(ctx: RunContext[Any]) -> bool:
+LEGACY_OPERATIONS = ('register_run', 'append_event', 'save_snapshot', 'record_tool_effect', 'finish_tool_effect')
+"""The single-record operations only runs recorded before `write_records` dispatch under an engine."""
+
+
+async def records_batched(ctx: RunContext[Any], capability_id: str | None) -> bool:
     """Whether this engine run writes with `write_records`: every new one; not one recorded before it.
 
-    The engine's patch API answers from the journal: a replayed workflow whose history predates
-    `write_records` gets `False` and replays the single-record operations it recorded.
+    The answer comes from the journal, so a replay gets the one the run was recorded with: under
+    Temporal, the patch marker `WRITE_RECORDS_PATCH` (`workflow.patched`: recorded in new
+    workflows, absent from older histories); under DBOS, whether the workflow's recorded steps hold
+    any single-record operation of this capability. (DBOS's own `patch_async` and
+    `list_workflow_steps_async` would each take a step position of their own, which a workflow
+    recorded before them does not have, and concurrent runs in one workflow would race for it; so
+    the steps are read from DBOS's system database directly, and only when that is not possible
+    does `patch_async` decide.) A recorded workflow replays the single-record operations; a new
+    one writes batches.
     """
     del ctx
     engine = workflow_engine()
@@ -149,8 +161,17 @@ async def records_batched(ctx: RunContext[Any]) -> bool:
         return bool(temporal_workflow.patched(WRITE_RECORDS_PATCH))
     if engine is DBOS_ENGINE:
         dbos: Any = sys.modules['dbos']
-        patch = getattr(dbos.DBOS, 'patch_async', None)
-        return True if patch is None else bool(await patch(WRITE_RECORDS_PATCH))
+        workflow_id = dbos.DBOS.workflow_id
+        legacy = tuple(f'__capability__{capability_id}.{name}' for name in LEGACY_OPERATIONS)
+        try:
+            from dbos._dbos import _get_dbos_instance  # pyright: ignore[reportPrivateUsage]
+
+            system_database: Any = _get_dbos_instance()._sys_db  # pyright: ignore[reportPrivateUsage]
+            steps: Any = await asyncio.to_thread(system_database.list_workflow_steps, workflow_id, load_output=False)
+        except (ImportError, AttributeError, TypeError):  # pragma: no cover - another DBOS release
+            patch = getattr(dbos.DBOS, 'patch_async', None)
+            return True if patch is None else bool(await patch(WRITE_RECORDS_PATCH))
+        return not any(str(step['function_name']).endswith(legacy) for step in steps)
     return True
 
 

@@ -12,9 +12,10 @@ workflows that recorded it.
   code), so what an operation carries is O(what is new). Two per tool cycle.
 - `registration_id`, `register_run`, `append_event`, `save_snapshot` (the whole history),
   `record_tool_effect`, `finish_tool_effect`: one store call each, as written by the releases
-  before `write_records`. Workflows whose history holds them replay them (the engine's patch
-  marker `pydantic-ai-steps:write-records` tells the two apart); runs without an engine whose
-  store lacks `write_records` use them too. `registration_id` is shared by both.
+  before `write_records`. Workflows whose history holds them replay them (Temporal's patch
+  marker `pydantic-ai-steps:write-records`, or under DBOS the recorded steps, tell the two
+  apart); runs without an engine whose store lacks `write_records` use them too.
+  `registration_id` is shared by both.
 
 Ids are drawn inside an operation (`registration_id`), so a replay reproduces them from the
 journal. Times: the single-record operations stamp their records inside the operation;

@@ -301,7 +301,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
                 if isinstance(store, RecordBatchStore)
                 else ImmediateWriter(self)
             )
-        if await records_batched(ctx):
+        if await records_batched(ctx, self.id):
             return BatchingWriter(self, OperationSink(self, ctx, store))
         return ImmediateWriter(self)
 
