@@ -544,7 +544,9 @@ async def test_concurrent_runs_on_one_capability_stay_apart() -> None:
 
 
 async def test_durable_operations_dispatch_through_a_registered_engine_and_run_inline_otherwise() -> None:
-    """Calls skip pydantic-ai's per-call binding only when no engine dispatches the operation."""
+    """Calls skip pydantic-ai's per-call binding only when no engine dispatches the operation, and reach
+    the engine's dispatcher with the hook's context even where no ambient run context is set (`wrap_run`
+    writing a run's closing event after the run's own scope ended)."""
     from types import SimpleNamespace
 
     from pydantic_ai._run_context import set_current_run_context  # pyright: ignore[reportPrivateUsage]
@@ -565,13 +567,14 @@ async def test_durable_operations_dispatch_through_a_registered_engine_and_run_i
     ctx._durable_operations = {('step_persistence', 'append_event'): engine}  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
     with set_current_run_context(ctx):
         await persistence._record(ctx, 'run_started')  # pyright: ignore[reportPrivateUsage]
-    assert [call['kind'] for call in dispatched] == ['run_started']
+    await persistence._record(ctx, 'model_request_started')  # pyright: ignore[reportPrivateUsage]
+    assert [call['kind'] for call in dispatched] == ['run_started', 'model_request_started']
     assert await store.list_events(run_id='r') == []  # the engine, not the inline body, ran it
 
     ctx._durable_operations = {('other_capability', 'append_event'): engine}  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
     with set_current_run_context(ctx):
         await persistence._record(ctx, 'run_completed')  # pyright: ignore[reportPrivateUsage]
-    assert len(dispatched) == 1
+    assert len(dispatched) == 2
     assert [event.kind for event in await store.list_events(run_id='r')] == ['run_completed']
 
     inline = capability_module.runs_inline
@@ -680,8 +683,9 @@ async def test_batched_ledger_entry_closes_with_the_snapshot_holding_the_result(
     assert closed_with == [(['c1'], ['c1']), (['c2'], ['c1', 'c2'])]
 
 
-async def test_batching_is_off_under_a_durability_engine() -> None:
-    """An engine journals each durable operation, so each record is written by its own operation."""
+async def test_an_engine_dispatching_the_capability_is_told_from_none() -> None:
+    """Under an engine that dispatches its operations the capability writes through them (one
+    `write_records` operation per write); without one, straight to the store."""
     from types import SimpleNamespace
 
     free = capability_module.engine_free

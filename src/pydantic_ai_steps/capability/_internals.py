@@ -6,15 +6,29 @@
 - `inspect.unwrap` of a `@durable_operation` method: its undecorated function. pydantic-ai's
   wrapper binds the call signature on every call before it finds that a run without an engine
   runs the call inline; calling the undecorated method directly does the same, minus the binding.
+- `BaseDurabilityCapability.in_durable_context` (pydantic-ai's durability capabilities, found in
+  the run's capability tree): whether the engine journals the dispatched operations now (inside
+  its workflow) or runs them inline (outside one, or inside one of its steps or activities).
+  Unknown: assume it journals.
+- The engines' own "am I in workflow code" calls (`DBOS.workflow_id` / `DBOS.step_id`,
+  `temporalio.workflow.in_workflow()`), asked only of an engine already imported, and what tells
+  a workflow recorded before `write_records` from a new one (Temporal's patch marker, DBOS's list
+  of recorded steps).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from pydantic_ai.tools import RunContext
+
+from .._records import utc_now
 
 _R = TypeVar('_R')
 _ABSENT = object()
@@ -52,9 +66,117 @@ async def call_operation(
 ) -> _R:
     """Call `operation` (a bound method of `owner` decorated `@durable_operation(name=name)`).
 
-    Without an engine dispatching it, the undecorated method runs directly.
+    Without an engine dispatching it, the undecorated method runs directly. With one, its dispatcher
+    is called with `ctx`, as pydantic-ai's wrapper would call it: the wrapper finds the run context
+    in an ambient variable when the operation takes none, and that variable is already reset where
+    `wrap_run` handles the run's exit, so through the wrapper the closing write would run inline,
+    unjournaled, in workflow code (and during a Temporal cache eviction write a `run_failed` for a
+    run that goes on elsewhere).
     """
-    if runs_inline(ctx, owner.id, name):
+    operations: Any = getattr(ctx, '_durable_operations', _ABSENT)
+    if operations is _ABSENT:
+        return await operation(*args, **kwargs)
+    dispatcher = operations.get((owner.id, name)) if operations else None
+    if dispatcher is None:
         undecorated = cast(Callable[..., Awaitable[_R]], inspect.unwrap(operation))
         return await undecorated(owner, *args, **kwargs)
-    return await operation(*args, **kwargs)
+    return cast(_R, await dispatcher(ctx, args, kwargs))
+
+
+WRITE_RECORDS_PATCH = 'pydantic-ai-steps:write-records'
+"""Temporal's patch marker for workflows recorded with `write_records` (see `_operations`)."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The durability engine whose workflow code is running now."""
+
+    name: str
+    wrapper: str
+    """pydantic-ai's deprecated wrapper agent for it, which registers no capability operations."""
+    capability: str
+    """pydantic-ai's durability capability for it, which does."""
+    unit: str
+    """What makes code a durable unit of it (where a plain agent run belongs)."""
+
+
+DBOS_ENGINE = Engine('DBOS', 'DBOSAgent', 'DBOSDurability', 'a DBOS step (`@DBOS.step()`)')
+TEMPORAL_ENGINE = Engine('Temporal', 'TemporalAgent', 'TemporalDurability', 'a Temporal activity')
+
+
+def workflow_engine() -> Engine | None:
+    """The engine whose workflow code (not one of its steps or activities) is running, if any."""
+    temporal_workflow: Any = sys.modules.get('temporalio.workflow')
+    if temporal_workflow is not None and temporal_workflow.in_workflow():
+        return TEMPORAL_ENGINE
+    dbos: Any = sys.modules.get('dbos')
+    if dbos is not None:
+        try:
+            in_workflow = dbos.DBOS.workflow_id is not None and dbos.DBOS.step_id is None
+        except Exception:  # an unlaunched or older DBOS: not in its workflow
+            in_workflow = False
+        if in_workflow:
+            return DBOS_ENGINE
+    return None
+
+
+def journaling(ctx: RunContext[Any]) -> bool:
+    """Whether a durability capability of this run journals the operations it dispatches right now."""
+    try:
+        from pydantic_ai.capabilities.abstract import leaf_capabilities
+        from pydantic_ai.durable_exec import BaseDurabilityCapability
+    except ImportError:  # pragma: no cover - a pydantic-ai without them: assume it journals
+        return True
+    root = ctx.root_capability
+    if root is None:
+        return True
+    engines = [leaf for leaf in leaf_capabilities(root) if isinstance(leaf, BaseDurabilityCapability)]
+    try:
+        return not engines or any(bool(engine.in_durable_context) for engine in engines)
+    except Exception:  # pragma: no cover - an engine that cannot tell: assume it journals
+        return True
+
+
+LEGACY_OPERATIONS = ('register_run', 'append_event', 'save_snapshot', 'record_tool_effect', 'finish_tool_effect')
+"""The single-record operations only runs recorded before `write_records` dispatch under an engine."""
+
+
+async def records_batched(ctx: RunContext[Any], capability_id: str | None) -> bool:
+    """Whether this engine run writes with `write_records`: every new one; not one recorded before it.
+
+    The answer comes from the journal, so a replay gets the one the run was recorded with: under
+    Temporal, the patch marker `WRITE_RECORDS_PATCH` (`workflow.patched`: recorded in new
+    workflows, absent from older histories); under DBOS, whether the workflow's recorded steps hold
+    any single-record operation of this capability. (DBOS's own `patch_async` and
+    `list_workflow_steps_async` would each take a step position of their own, which a workflow
+    recorded before them does not have, and concurrent runs in one workflow would race for it; so
+    the steps are read from DBOS's system database directly, and only when that is not possible
+    does `patch_async` decide.) A recorded workflow replays the single-record operations; a new
+    one writes batches.
+    """
+    del ctx
+    engine = workflow_engine()
+    if engine is TEMPORAL_ENGINE:
+        temporal_workflow: Any = sys.modules['temporalio.workflow']
+        return bool(temporal_workflow.patched(WRITE_RECORDS_PATCH))
+    if engine is DBOS_ENGINE:
+        dbos: Any = sys.modules['dbos']
+        workflow_id = dbos.DBOS.workflow_id
+        legacy = tuple(f'__capability__{capability_id}.{name}' for name in LEGACY_OPERATIONS)
+        try:
+            from dbos._dbos import _get_dbos_instance  # pyright: ignore[reportPrivateUsage]
+
+            system_database: Any = _get_dbos_instance()._sys_db  # pyright: ignore[reportPrivateUsage]
+            steps: Any = await asyncio.to_thread(system_database.list_workflow_steps, workflow_id, load_output=False)
+        except (ImportError, AttributeError, TypeError):  # pragma: no cover - another DBOS release
+            patch = getattr(dbos.DBOS, 'patch_async', None)
+            return True if patch is None else bool(await patch(WRITE_RECORDS_PATCH))
+        return not any(str(step['function_name']).endswith(legacy) for step in steps)
+    return True
+
+
+def run_clock(ctx: RunContext[Any]) -> Callable[[], datetime]:
+    """The run's clock: the engine's replay-safe one where it has one (Temporal's workflow time)."""
+    root = ctx.root_capability
+    clock = root.get_run_clock() if root is not None else None
+    return clock if clock is not None else utc_now

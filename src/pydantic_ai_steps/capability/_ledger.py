@@ -7,7 +7,7 @@ from typing import Any
 from pydantic_ai.tools import RunContext
 
 from .._records import ToolEffectRecord
-from ..store.protocol import StepStore
+from ..store.protocol import ManagedStepStore, StepStore
 from . import _context
 
 
@@ -22,12 +22,22 @@ async def annotate_tool_effect(
 
     Call it from a tool before its side effect, so a recovery can tell what may have happened.
     Outside a tool call of a persisted run it does nothing: tools stay usable without persistence.
+    A tool that runs in another process than its run (a Temporal activity) finds its run in the
+    store by pydantic-ai's run id, with a store that can filter by it (every shipped one).
     """
-    run_id = _context.current_run_id.get()
-    if run_id is None or ctx.tool_call_id is None or ctx.tool_name is None:
+    if ctx.tool_call_id is None or ctx.tool_name is None:
         return
-    prior = await store.get_tool_effect(run_id=run_id, tool_call_id=ctx.tool_call_id)
-    if prior is None:
+    run_id = _context.current_run_id.get()
+    prior = None
+    if run_id is not None:
+        prior = await store.get_tool_effect(run_id=run_id, tool_call_id=ctx.tool_call_id)
+    elif isinstance(store, ManagedStepStore) and ctx.run_id is not None:
+        for run in reversed(await store.list_runs(pydantic_ai_run_id=ctx.run_id)):
+            prior = await store.get_tool_effect(run_id=run.run_id, tool_call_id=ctx.tool_call_id)
+            if prior is not None:
+                run_id = run.run_id
+                break
+    if prior is None or run_id is None:
         return
     record = ToolEffectRecord(
         tool_call_id=prior.tool_call_id,

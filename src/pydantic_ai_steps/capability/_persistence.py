@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 from pydantic_ai import CallToolsNode, ModelRequestNode
 from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
+from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
@@ -22,11 +23,11 @@ from ..store.protocol import RecordBatchStore, StepStore
 from . import _context
 from ._events import SnapshotSaved
 from ._histories import describe_exit, describe_tool_error, origin_of, same_messages, with_output_tool_returns
-from ._internals import engine_free
+from ._internals import Engine, engine_free, journaling, records_batched, workflow_engine
 from ._operations import StoreOperations
 from ._run_ids import derive_run_id
 from ._validity import ProviderValidity
-from ._writers import BatchingWriter, ImmediateWriter, Writer
+from ._writers import BatchingWriter, ImmediateWriter, OperationSink, StoreSink, Writer
 
 logger = logging.getLogger('pydantic_ai_steps')
 _OPENING_AND_CLOSING: frozenset[EventKind] = frozenset({'run_started', 'run_completed', 'run_failed'})
@@ -260,11 +261,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
         """Choose how to write, then register the run (with `run_started`)."""
-        store = self.store
-        batched = isinstance(store, RecordBatchStore) and engine_free(ctx, self.id)
-        self._writer = (
-            BatchingWriter(self, store) if isinstance(store, RecordBatchStore) and batched else ImmediateWriter(self)
-        )
+        self._writer = await self._choose_writer(ctx)
         origin = origin_of(ctx.messages)
         record = RunRecord(
             run_id=self._run_id,
@@ -282,6 +279,32 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         if run_id != self.run_id:
             self.run_id = run_id
             _context.current_run_id.set(run_id)
+
+    async def _choose_writer(self, ctx: RunContext[AgentDepsT]) -> Writer:
+        """Batched whenever replay allows it; refuse a workflow that would journal none of the writes.
+
+        - An engine dispatches this capability's operations and journals them now (inside its
+          workflow): one `write_records` operation per write (unless the workflow was recorded
+          with the single-record operations, which it then replays).
+        - Nothing journals the writes: straight to the store, batched if it has `write_records`.
+          Inside an engine's workflow that would be wrong: the engine runs the workflow's code
+          again after a crash, and the run would be registered and recorded a second time, so
+          the run is refused before anything is written (the deprecated wrapper agents register
+          no operations; pydantic-ai's durability capabilities do).
+        """
+        store = self.store
+        if engine_free(ctx, self.id) or not journaling(ctx):
+            engine = workflow_engine() if engine_free(ctx, self.id) else None
+            if engine is not None:
+                raise UserError(_unjournaled_message(engine, self.id))
+            return (
+                BatchingWriter(self, StoreSink(self, store))
+                if isinstance(store, RecordBatchStore)
+                else ImmediateWriter(self)
+            )
+        if await records_batched(ctx, self.id):
+            return BatchingWriter(self, OperationSink(self, ctx, store))
+        return ImmediateWriter(self)
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         """Save the final history unless the last boundary snapshot already holds it.
@@ -311,6 +334,8 @@ class StepPersistence(StoreOperations[AgentDepsT]):
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
         """Save the live history at the failure (state by validity), then record `run_failed`."""
+        if self._writer is None or not self._writer.registered:
+            raise error  # nothing was written (a refused or failed registration): nothing to close
         await self._save_input(ctx)
         await self._write_final_boundary(ctx)
         stashed = _context.live_history.get()
@@ -409,7 +434,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
                 else:
                     await self._snapshot(ctx, messages, ctx.run_step, valid=True)
             elif isinstance(self._out, BatchingWriter) and self._out.has_closed_entries:
-                await self._out.flush()  # no settled boundary: close the ledger entries anyway
+                await self._out.flush(ctx)  # no settled boundary: close the ledger entries anyway
         return result
 
 
@@ -420,4 +445,16 @@ def _args_text(call: ToolCallPart) -> str | None:
         return None
     return (
         text if len(text) <= TOOL_ARGS_LIMIT else text[:TOOL_ARGS_LIMIT] + f'... ({len(text) - TOOL_ARGS_LIMIT} more)'
+    )
+
+
+def _unjournaled_message(engine: Engine, capability_id: str | None) -> str:
+    return (
+        f'StepPersistence is running in {engine.name} workflow code, but nothing dispatches its durable '
+        f'operations (capability id {capability_id!r}) to {engine.name}: this is the deprecated '
+        f'`{engine.wrapper}` wrapper, or an agent without `{engine.capability}` run inside a workflow. '
+        f'{engine.name} would run this code again after a crash, and the store would get a second copy of '
+        f'the run. Use `Agent(..., capabilities=[{engine.capability}(), StepPersistence(...)])` and call '
+        f'`agent.run()` in your own workflow instead of `{engine.wrapper}`; or run this agent inside '
+        f'{engine.unit}. Nothing was written.'
     )

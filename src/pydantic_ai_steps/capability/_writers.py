@@ -4,28 +4,46 @@ The capability decides *what* to record and *when* a boundary is; a writer decid
 writes that takes. Both write a ledger entry `started` before the tool runs and a boundary's
 snapshot before the next model request: that is the crash contract.
 
-- `ImmediateWriter` writes each record on its own, through the capability's durable operations,
-  so a durability engine (Temporal, DBOS, Prefect) journals every one. Used under an engine, and
-  with a store that cannot write several records at once.
-- `BatchingWriter` (a `RecordBatchStore`, no engine): a step's informational events and closed
-  ledger entries wait for the next write that must happen anyway: the next call's `started` entry,
-  or the boundary snapshot. A tool cycle is two writes instead of eight. A call's entry is closed
-  with the snapshot that holds its result, so after a crash a call is `completed` only if a
-  snapshot has its return. A run's opening and closing events are written at once.
+- `BatchingWriter`: a step's informational events and closed ledger entries wait for the next
+  write that must happen anyway: the next call's `started` entry, or the boundary snapshot. A tool
+  cycle is two writes instead of eight. A call's entry is closed with the snapshot that holds its
+  result, so after a crash a call is `completed` only if a snapshot has its return. A run's
+  opening and closing events are written at once. Where a write goes is its sink:
+  - `StoreSink` (no engine journals this run, a `RecordBatchStore`): straight to the store, whose
+    own encoder decides what a snapshot adds to the message log;
+  - `OperationSink` (under a durability engine): each write is one `write_records` durable
+    operation. What the writer buffers between writes is rebuilt when the engine replays the
+    hooks, so buffering loses nothing; the snapshot's delta (new and changed positions) is decided
+    here, in workflow code, from the hooks' messages alone, so a replay sends the same operations,
+    and each operation carries what is new, not the whole history.
+- `ImmediateWriter` writes each record on its own, through the single-record durable operations:
+  for a store without `write_records` and no engine, and to replay a workflow recorded before
+  `write_records` existed.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic_ai.tools import RunContext
 
-from .._records import CLOSING_EVENTS, ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
-from ..store.protocol import RecordBatchStore
-from ._internals import call_operation
-from ._operations import closed_entry, continuable_snapshot, step_event
+from .._records import CLOSING_EVENTS, ContinuableSnapshot, RunRecord, ToolEffectRecord, utc_now
+from ..store.message_log import DEFAULT_MEDIA_THRESHOLD, MessageLog, PreparedSnapshot
+from ..store.protocol import DeltaSnapshotStore, RecordBatchStore, StepStore
+from ._internals import call_operation, run_clock
+from ._operations import (
+    BatchResult,
+    EffectNote,
+    EventNote,
+    RegistrationNote,
+    SnapshotNote,
+    closed_entry,
+    continuable_snapshot,
+    step_event,
+)
 from ._run_ids import claim_run_id
 
 if TYPE_CHECKING:
@@ -111,11 +129,172 @@ class ImmediateWriter:
         p = self._p
         await call_operation(p, ctx, 'save_snapshot', p._save_snapshot, **fields)  # pyright: ignore[reportPrivateUsage]
 
-    async def flush(self) -> None:
-        return None
+    async def flush(self, ctx: RunContext[Any]) -> None:
+        del ctx
 
     def annotated(self, record: ToolEffectRecord) -> None:
         del record  # the entry is read back when it is closed
+
+
+class Sink(Protocol):
+    """Where a `BatchingWriter`'s writes go."""
+
+    clock: Callable[[], datetime]
+    """Stamps the records: the engine's replay-safe clock where it has one."""
+
+    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Fields) -> str:
+        """Register the run with its `run_started` event (`opening`); return the id it was stored under."""
+        ...
+
+    async def write(
+        self, ctx: RunContext[Any], snapshot: Fields | None, tool_effects: list[ToolEffectRecord], events: list[Fields]
+    ) -> None: ...
+
+
+class StoreSink:
+    """Writes straight to a `RecordBatchStore` (no engine journals this run)."""
+
+    def __init__(self, persistence: StepPersistence[Any], store: RecordBatchStore) -> None:
+        self._p = persistence
+        self._store = store
+        self.clock: Callable[[], datetime] = utc_now
+
+    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Fields) -> str:
+        store = self._store
+
+        async def register(candidate: RunRecord) -> None:
+            fields = dict(opening)
+            fields['run_id'] = candidate.run_id
+            await store.write_records(run=candidate, events=[step_event(**fields)])
+
+        record.registration_id = str(uuid.uuid4())
+        return await claim_run_id(store, record, register, self._p._derived_from)  # pyright: ignore[reportPrivateUsage]
+
+    async def write(
+        self, ctx: RunContext[Any], snapshot: Fields | None, tool_effects: list[ToolEffectRecord], events: list[Fields]
+    ) -> None:
+        await self._store.write_records(
+            snapshot=continuable_snapshot(**snapshot) if snapshot is not None else None,
+            tool_effects=tool_effects,
+            events=[step_event(**fields) for fields in events],
+        )
+
+
+class OperationSink:
+    """Each write is one `write_records` durable operation (under a durability engine).
+
+    Runs in workflow code: it decides a snapshot's delta with a message-once encoder of its own
+    (`MessageLog` without a media store: it serializes only what may have changed, and patches a
+    re-stamped message against the text the store reported storing as sent), from the hooks'
+    messages and the log sizes earlier operations returned (replayed from the journal), so a replay
+    computes the same operations. For a store without `write_snapshot_delta` every snapshot carries
+    the whole history (as texts).
+    """
+
+    def __init__(self, persistence: StepPersistence[Any], ctx: RunContext[Any], store: StepStore) -> None:
+        self._p = persistence
+        self.clock = run_clock(ctx)
+        self._deltas = isinstance(store, DeltaSnapshotStore)
+        self._log = MessageLog(None, DEFAULT_MEDIA_THRESHOLD)
+
+    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Fields) -> str:
+        p = self._p
+        registration_id = await call_operation(p, ctx, 'registration_id', p._new_registration_id)  # pyright: ignore[reportPrivateUsage]
+        registration = RegistrationNote(
+            registration_id=registration_id,
+            started_at=opening['timestamp'],
+            pydantic_ai_run_id=record.pydantic_ai_run_id,
+            run_metadata=dict(record.run_metadata),
+            parent_tool_call_id=record.parent_tool_call_id,
+            continued_from=record.continued_from,
+            forked_from=record.forked_from,
+            derived_from=p._derived_from,  # pyright: ignore[reportPrivateUsage]
+        )
+        result = await self._call(ctx, record.run_id, registration=registration, events=[_event_note(opening)])
+        return result.run_id
+
+    async def write(
+        self, ctx: RunContext[Any], snapshot: Fields | None, tool_effects: list[ToolEffectRecord], events: list[Fields]
+    ) -> None:
+        run_id = self._p._run_id  # pyright: ignore[reportPrivateUsage]
+        notes = [_effect_note(record) for record in tool_effects]
+        event_notes = [_event_note(fields) for fields in events]
+        if snapshot is None:
+            await self._call(ctx, run_id, tool_effects=notes, events=event_notes)
+            return
+        prepared, note = await self._prepare(run_id, snapshot)
+        try:
+            result = await self._call(ctx, run_id, snapshot=note, tool_effects=notes, events=event_notes)
+            if result.stale:  # the store's log moved on without this run: send the whole history
+                self._log.forget(run_id)
+                prepared, note = await self._prepare(run_id, snapshot)
+                result = await self._call(ctx, run_id, snapshot=note, tool_effects=notes, events=event_notes)
+        except BaseException:
+            self._log.forget(run_id)  # the outcome is unknown: the next snapshot is sent whole
+            raise
+        if result.stale or result.log_size is None:
+            self._log.forget(run_id)
+        else:
+            self._log.committed(prepared, result.log_size, frozenset(result.verbatim))
+
+    async def _prepare(self, run_id: str, fields: Fields) -> tuple[PreparedSnapshot, SnapshotNote]:
+        if not self._deltas:
+            self._log.forget(run_id)  # every position in full, for a store that takes whole histories
+        whole = ContinuableSnapshot(
+            run_id=run_id, step_index=fields['step_index'], messages=fields['messages'], timestamp=fields['timestamp']
+        )
+        prepared = await self._log.prepare(whole)
+        note = SnapshotNote(
+            step_index=fields['step_index'],
+            state=fields['state'],
+            snapshot_index=fields['snapshot_index'],
+            timestamp=fields['timestamp'],
+            message_count=prepared.message_count,
+            appends=prepared.appends,
+            expected_log_size=prepared.known_log_size if self._deltas else None,
+        )
+        return prepared, note
+
+    async def _call(self, ctx: RunContext[Any], run_id: str, **batch: Any) -> BatchResult:
+        p = self._p
+        return await call_operation(
+            p,
+            ctx,
+            'write_records',
+            p._write_records,  # pyright: ignore[reportPrivateUsage]
+            run_id=run_id,
+            conversation_id=ctx.conversation_id,
+            parent_run_id=p.parent_run_id,
+            agent_name=p.agent_name,
+            metadata=dict(p.metadata),
+            **batch,
+        )
+
+
+def _event_note(fields: Fields) -> EventNote:
+    return EventNote(
+        kind=fields['kind'],
+        step_index=fields['step_index'],
+        event_index=fields['event_index'],
+        timestamp=fields['timestamp'],
+        tool_call_id=fields['tool_call_id'],
+        tool_name=fields['tool_name'],
+        error=fields['error'],
+        tool_args=fields['tool_args'],
+    )
+
+
+def _effect_note(record: ToolEffectRecord) -> EffectNote:
+    return EffectNote(
+        tool_call_id=record.tool_call_id,
+        tool_name=record.tool_name,
+        status=record.status,
+        started_at=record.started_at,
+        ended_at=record.ended_at,
+        idempotency_key=record.idempotency_key,
+        effect_summary=record.effect_summary,
+        keep_annotation=record.status != 'started',
+    )
 
 
 class BatchingWriter:
@@ -124,42 +303,41 @@ class BatchingWriter:
     defers_final_boundary = True
     """The last boundary's snapshot waits for `run_completed`, so a run ends in one write."""
 
-    def __init__(self, persistence: StepPersistence[Any], store: RecordBatchStore) -> None:
+    def __init__(self, persistence: StepPersistence[Any], sink: Sink) -> None:
         self._p = persistence
-        self._store = store
+        self._sink = sink
         self.registered = False
         self.closed = False
-        self._events: list[StepEvent] = []
+        self._events: list[Fields] = []
         self._effects: list[ToolEffectRecord] = []
         self._open: dict[str, ToolEffectRecord] = {}
         """The ledger entry of each tool call in flight, as last written."""
-        self._deferred: ContinuableSnapshot | None = None
+        self._deferred: Fields | None = None
 
     async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Callable[[str], Fields]) -> str:
         """The registration and `run_started` in one write."""
-        store = self._store
-
-        async def register(candidate: RunRecord) -> None:
-            await store.write_records(run=candidate, events=[step_event(**opening(candidate.run_id))])
-
-        record.registration_id = str(uuid.uuid4())
-        run_id = await claim_run_id(store, record, register, self._p._derived_from)  # pyright: ignore[reportPrivateUsage]
+        now = self._sink.clock()
+        record.started_at = now
+        run_id = await self._sink.register(ctx, record, {**opening(record.run_id), 'timestamp': now})
         self.registered = True
         return run_id
 
     async def event(self, ctx: RunContext[Any], fields: Fields, *, now: bool) -> None:
-        self._events.append(step_event(**fields))
+        self._events.append({**fields, 'timestamp': self._sink.clock()})
         if fields['kind'] in CLOSING_EVENTS:
             self.closed = True
         if now:
-            await self.flush()
+            await self.flush(ctx)
 
     async def tool_started(self, ctx: RunContext[Any], run_id: str, call_id: str, name: str, event: Fields) -> None:
         """The ledger entry with the events recorded since the last write, `tool_call_started` last."""
-        self._events.append(step_event(**event))
-        started = ToolEffectRecord(tool_call_id=call_id, tool_name=name, run_id=run_id, status='started')
+        now = self._sink.clock()
+        self._events.append({**event, 'timestamp': now})
+        started = ToolEffectRecord(
+            tool_call_id=call_id, tool_name=name, run_id=run_id, status='started', started_at=now
+        )
         self._open[call_id] = started
-        await self._write(tool_effects=[started])
+        await self._write(ctx, tool_effects=[started])
 
     async def tool_closed(
         self,
@@ -172,17 +350,18 @@ class BatchingWriter:
     ) -> None:
         """Known without reading it back: this run wrote it, and `annotated` saw any rewrite."""
         prior = self._open.pop(call_id, None)
-        self._effects.append(closed_entry(prior, run_id, call_id, name, status, error))
+        self._effects.append(closed_entry(prior, run_id, call_id, name, status, error, self._sink.clock()))
 
     async def snapshot(self, ctx: RunContext[Any], fields: Fields, *, defer: bool = False) -> None:
         """Written now, or with `defer` by the next write that must happen anyway (a run's input)."""
+        stamped = {**fields, 'timestamp': self._sink.clock()}
         if defer:
-            self._deferred = continuable_snapshot(**fields)
+            self._deferred = stamped
             return
-        await self._write(snapshot=continuable_snapshot(**fields))
+        await self._write(ctx, snapshot=stamped)
 
-    async def flush(self) -> None:
-        await self._write()
+    async def flush(self, ctx: RunContext[Any]) -> None:
+        await self._write(ctx)
 
     def annotated(self, record: ToolEffectRecord) -> None:
         if record.tool_call_id in self._open:
@@ -193,24 +372,26 @@ class BatchingWriter:
         return bool(self._effects)
 
     async def _write(
-        self, *, snapshot: ContinuableSnapshot | None = None, tool_effects: list[ToolEffectRecord] | None = None
+        self,
+        ctx: RunContext[Any],
+        *,
+        snapshot: Fields | None = None,
+        tool_effects: list[ToolEffectRecord] | None = None,
     ) -> None:
         if self._deferred is not None:
             deferred, self._deferred = self._deferred, None
             if snapshot is None:
                 snapshot = deferred
             else:  # two snapshots: the earlier one goes first, on its own
-                await self._write(snapshot=deferred)
+                await self._write(ctx, snapshot=deferred)
         events, effects = self._events, self._effects
         self._events, self._effects = [], []
         try:
-            await self._store.write_records(
-                snapshot=snapshot, tool_effects=[*effects, *(tool_effects or ())], events=events
-            )
+            await self._sink.write(ctx, snapshot, [*effects, *(tool_effects or ())], events)
         except BaseException:
             # Keep them for the write that closes the run (idempotency keys make a repeat
             # harmless), except a `run_completed`: a run whose last write failed did not complete.
-            kept = [event for event in events if event.kind != 'run_completed']
+            kept = [event for event in events if event['kind'] != 'run_completed']
             if len(kept) < len(events):
                 self.closed = False
             self._events[:0] = kept

@@ -44,6 +44,7 @@ from .._records import (
 from ..media._protocol import MediaStore
 from . import codec
 from .backend import (
+    STALE,
     Backend,
     Closing,
     CommitOutcome,
@@ -54,9 +55,10 @@ from .backend import (
     SnapshotWrite,
     WriteBatch,
 )
-from .history import resolve_log
+from .history import is_patch, resolve_log
 from .maintenance import Maintenance
 from .message_log import DEFAULT_MEDIA_THRESHOLD, MessageLog, PreparedSnapshot
+from .protocol import DeltaOutcome, SnapshotDelta
 from .retention import snapshots_to_keep
 
 logger = logging.getLogger('pydantic_ai_steps')
@@ -163,8 +165,87 @@ class StepStoreBase(Maintenance):
         `RunAlreadyExistsError` and writes nothing; records of a run the store does not hold raise
         `RunNotFoundError`.
         """
-        encoding = self._encoding
         run_ids: set[str] = set()
+        batch = self._batch(run, tool_effects, events, run_ids)
+        if snapshot is None:
+            if batch.run is None and not batch.tool_effects and not batch.events:
+                return
+            await self._backend.commit(batch)
+        else:
+            _checked_snapshot(snapshot, run_ids)
+            batch.run_ids = frozenset(run_ids)
+            outcome = await self._commit_snapshot(snapshot, batch)
+            if isinstance(outcome, int) and self.max_snapshots_per_run is not None:
+                await self._apply_retention(snapshot.run_id, self.max_snapshots_per_run)
+        await self._after_closings(batch.closings)
+
+    async def write_snapshot_delta(
+        self,
+        delta: SnapshotDelta,
+        *,
+        tool_effects: Sequence[ToolEffectRecord] = (),
+        events: Sequence[StepEvent] = (),
+    ) -> DeltaOutcome:
+        """Write a snapshot given as a delta of its run's message log, with records, as one unit.
+
+        See `DeltaSnapshotStore`: full texts are stored as given unless a payload moves to the media
+        store, patches as given; a stale delta writes nothing. Every record is checked first.
+        """
+        run_ids = {delta.run_id}
+        _checked_delta(delta)
+        batch = self._batch(None, tool_effects, events, run_ids)
+        appends: list[tuple[int, str]] = []
+        verbatim: list[int] = []
+        for offset, (position, text) in enumerate(delta.appends):
+            if is_patch(text):
+                appends.append((position, text))
+                continue
+            stored = await self._log.stored_text(text)
+            if stored == text:
+                verbatim.append(offset)
+            appends.append((position, stored))
+        meta = ContinuableSnapshot(
+            run_id=delta.run_id,
+            step_index=delta.step_index,
+            messages=[],
+            conversation_id=delta.conversation_id,
+            parent_run_id=delta.parent_run_id,
+            agent_name=delta.agent_name,
+            timestamp=delta.timestamp,
+            state=delta.state,
+            idempotency_key=delta.idempotency_key,
+        )
+        batch.snapshot = SnapshotWrite(
+            run_id=delta.run_id,
+            row=self._encoding.snapshot(meta, delta.message_count, None),
+            appends=appends,
+            expected_log_size=delta.expected_log_size,
+            key=delta.idempotency_key,
+        )
+        outcome = await self._backend.commit(batch)
+        if outcome == STALE:
+            return DeltaOutcome(None)
+        self._log.forget(delta.run_id)  # the log grew without this process's encoder
+        if isinstance(outcome, int):
+            log_size = outcome
+            if self.max_snapshots_per_run is not None:
+                await self._apply_retention(delta.run_id, self.max_snapshots_per_run)
+        elif delta.expected_log_size is not None:  # suppressed: the first write of this key appended these
+            log_size = delta.expected_log_size + len(appends)
+        else:
+            log_size = await self._log_end(delta.run_id)
+        await self._after_closings(batch.closings)
+        return DeltaOutcome(log_size, tuple(verbatim))
+
+    def _batch(
+        self,
+        run: RunRecord | None,
+        tool_effects: Sequence[ToolEffectRecord],
+        events: Sequence[StepEvent],
+        run_ids: set[str],
+    ) -> WriteBatch:
+        """The records of a write, checked and encoded (`run_ids` collects the runs they belong to)."""
+        encoding = self._encoding
         run_row = None
         if run is not None:
             run_row = encoding.run(_checked_run(run))
@@ -177,30 +258,21 @@ class StepStoreBase(Maintenance):
             status = CLOSING_EVENTS.get(event.kind)
             if status is not None:
                 closings.append(Closing(event.run_id, status, encoding.time(event.timestamp)))
-        if snapshot is None:
-            if run_row is None and not effect_rows and not event_rows:
-                return
-            await self._backend.commit(
-                WriteBatch(
-                    run=run_row,
-                    tool_effects=effect_rows,
-                    events=event_rows,
-                    closings=closings,
-                    run_ids=frozenset(run_ids),
-                )
-            )
-        else:
-            _checked_snapshot(snapshot, run_ids)
-            batch = WriteBatch(
-                run=run_row, tool_effects=effect_rows, events=event_rows, closings=closings, run_ids=frozenset(run_ids)
-            )
-            outcome = await self._commit_snapshot(snapshot, batch)
-            if isinstance(outcome, int) and self.max_snapshots_per_run is not None:
-                await self._apply_retention(snapshot.run_id, self.max_snapshots_per_run)
+        return WriteBatch(
+            run=run_row, tool_effects=effect_rows, events=event_rows, closings=closings, run_ids=frozenset(run_ids)
+        )
+
+    async def _after_closings(self, closings: Sequence[Closing]) -> None:
         for closing in closings:
             self._log.forget(closing.run_id)  # a closed run is never written again
             if self.max_snapshots_per_run is not None:
                 await self.compact_run(closing.run_id)  # retention left superseded versions behind
+
+    async def _log_end(self, run_id: str) -> int:
+        """Where the run's message log ends (read in full: only a retried first write asks)."""
+        log = await self._backend.fetch_log(run_id, below_index=1 << 62, positions_below=1 << 62)
+        end = max((entry.index + 1 for entry in log.entries), default=0)
+        return max(end, *(gap.stop for gap in log.missing), log.readable_end or 0)
 
     async def _commit_snapshot(self, snapshot: ContinuableSnapshot, batch: WriteBatch) -> CommitOutcome:
         """The message log prepares the snapshot (and redoes it when stale); the backend commits it."""
@@ -484,6 +556,30 @@ def _checked_snapshot(snapshot: ContinuableSnapshot, run_ids: set[str]) -> None:
     if not isinstance(snapshot.messages, list):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidRecordError(f'ContinuableSnapshot.messages must be a list, got {type(snapshot.messages).__name__}')
     _check_time(snapshot.timestamp, 'ContinuableSnapshot.timestamp')
+
+
+def _checked_delta(delta: SnapshotDelta) -> None:
+    check_run_id(delta.run_id)
+    if delta.state not in SNAPSHOT_STATES:
+        raise InvalidRecordError(f'SnapshotDelta.state must be one of {sorted(SNAPSHOT_STATES)}, got {delta.state!r}')
+    for name in ('step_index', 'message_count'):
+        value = getattr(delta, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidRecordError(f'SnapshotDelta.{name} must be an int >= 0, got {value!r}')
+    expected: object = delta.expected_log_size
+    if expected is not None and (isinstance(expected, bool) or not isinstance(expected, int) or expected < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidRecordError(f'SnapshotDelta.expected_log_size must be an int >= 0 or None, got {expected!r}')
+    for append in delta.appends:
+        position, text = append
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < delta.message_count:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise InvalidRecordError(
+                f'SnapshotDelta.appends positions must be ints in [0, message_count={delta.message_count}), '
+                f'got {position!r}'
+            )
+        if not isinstance(text, str) or not text.startswith('{'):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise InvalidRecordError(f'SnapshotDelta.appends texts must be JSON object texts, got {str(text)[:80]!r}')
+    check_optional_str(delta.idempotency_key, 'SnapshotDelta.idempotency_key')
+    _check_time(delta.timestamp, 'SnapshotDelta.timestamp')
 
 
 def _check_time(value: object, what: str) -> None:

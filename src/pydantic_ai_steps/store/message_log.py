@@ -15,7 +15,7 @@ import copy
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -116,16 +116,19 @@ class MessageLog:
         known = delta.previous.log_size if delta.previous is not None else None
         return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests, weights, full)
 
-    def committed(self, prepared: PreparedSnapshot, log_size: int) -> None:
+    def committed(self, prepared: PreparedSnapshot, log_size: int, verbatim: Collection[int] | None = None) -> None:
         """The backend wrote `prepared`; the run's log now holds `log_size` entries.
 
         A backend appends a snapshot's entries contiguously at the end of the log, so the full texts
-        just written sit at `log_size - len(appends) + offset`: the bases of later patches.
+        just written sit at `log_size - len(appends) + offset`: the bases of later patches. A writer
+        whose texts another process stored (`DeltaSnapshotStore`) passes the offsets that process
+        stored as given (`verbatim`): only those can be patched.
         """
         first = log_size - len(prepared.appends)
         bases = {
             position: PatchBase(first + offset, prepared.appends[offset][1])
             for position, offset in prepared._full.items()  # pyright: ignore[reportPrivateUsage]
+            if verbatim is None or offset in verbatim
         }
         self._tracker.commit(
             prepared._delta,  # pyright: ignore[reportPrivateUsage]
@@ -171,6 +174,11 @@ class MessageLog:
     def forget(self, run_id: str) -> None:
         """The run ended, or a write failed or was stale: the next save of it rewrites from scratch."""
         self._tracker.forget(run_id)
+
+    async def stored_text(self, text: str) -> str:
+        """A full message text as this store keeps it: payloads at or above the threshold moved to
+        the media store (the text itself when nothing is moved)."""
+        return await self._externalize(text, {})
 
     async def load(self, texts: Sequence[str]) -> list[ModelMessage]:
         """Rebuild messages from stored texts (patches resolved), putting externalized payloads back."""

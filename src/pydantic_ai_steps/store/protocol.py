@@ -4,6 +4,10 @@
   capability and the helpers.
 - `RecordBatchStore`: a `StepStore` that writes several records as one unit (`write_records`);
   the capability then writes a tool cycle in two writes instead of eight.
+- `DeltaSnapshotStore`: a `RecordBatchStore` that also takes a snapshot as what it adds to the
+  run's message log (`write_snapshot_delta`), computed by the writer. Under a durability engine
+  the capability decides the delta in workflow code, so what each durable operation carries is
+  what is new, not the whole history.
 - `ManagedStepStore`: everything a store built on `StepStoreBase` offers (every shipped store):
   queries, the whole ledger and its resolutions, deletion, pruning, garbage collection and its
   lifecycle. The CLI works with these.
@@ -12,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
@@ -22,8 +27,10 @@ from .._records import (
     RunQuery,
     RunRecord,
     RunStatus,
+    SnapshotState,
     StepEvent,
     ToolEffectRecord,
+    utc_now,
 )
 
 if TYPE_CHECKING:
@@ -80,11 +87,10 @@ class RecordBatchStore(StepStore, Protocol):
     `write_records` must be equivalent to `register_run(run)` (raising `RunAlreadyExistsError`
     before anything else is written), then `save_snapshot(snapshot)`, then `record_tool_effect`
     for each tool effect, then `append_event` for each event, in that order, with the same
-    idempotency rules; a store with transactions makes it one. The capability uses it, when a
-    store offers it and no durability engine journals its calls one by one, to write a step's
-    informational events and closed ledger entries together with the next write that must
+    idempotency rules; a store with transactions makes it one. The capability uses it to write a
+    step's informational events and closed ledger entries together with the next write that must
     happen anyway (a ledger `started` entry or a boundary snapshot), so a tool cycle costs two
-    writes instead of eight.
+    writes instead of eight; under a durability engine each such write is one durable operation.
     """
 
     async def write_records(
@@ -95,6 +101,70 @@ class RecordBatchStore(StepStore, Protocol):
         tool_effects: Sequence[ToolEffectRecord] = (),
         events: Sequence[StepEvent] = (),
     ) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotDelta:
+    """A snapshot given as what it adds to its run's message log (see `store.history`).
+
+    The snapshot's history has `message_count` messages. `appends` are `(position, text)` entries
+    for the positions that are new or changed since the run's previous snapshot, in the order they
+    are to be appended; every other position keeps its newest entry in the log. A text is a full
+    message JSON (`store.history.message_to_json`) or a patch (`store.history.make_patch`) of a
+    full text of the same position that this store reported stored verbatim
+    (`DeltaOutcome.verbatim`). `expected_log_size` is where the writer last saw the log end (the
+    `log_size` of its previous delta), `None` for a first or a complete write.
+    """
+
+    run_id: str
+    step_index: int
+    message_count: int
+    appends: Sequence[tuple[int, str]]
+    expected_log_size: int | None
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    agent_name: str | None = None
+    state: SnapshotState = 'complete'
+    timestamp: datetime = field(default_factory=utc_now)
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class DeltaOutcome:
+    """What `write_snapshot_delta` did."""
+
+    log_size: int | None
+    """The run's log size after the delta's appends; `None` when the delta was stale: the log did not
+    end at `expected_log_size`, and nothing at all was written."""
+    verbatim: tuple[int, ...] = ()
+    """Offsets in `appends` of the full texts stored exactly as given (no media moved out of them):
+    the texts a later delta may patch."""
+
+
+@runtime_checkable
+class DeltaSnapshotStore(RecordBatchStore, Protocol):
+    """A `RecordBatchStore` that also writes a snapshot given as a delta of its run's message log (optional).
+
+    `write_snapshot_delta(delta, tool_effects=, events=)` is `write_records(snapshot=..., ...)` for
+    the snapshot the delta describes, as one unit, with these differences:
+
+    - the store serializes nothing: full texts are stored as given, except that payloads at or
+      above its media threshold move to its media store; patches are stored as given;
+    - a stale delta (the log does not end at `expected_log_size`) writes nothing and answers
+      `log_size=None`: the writer then sends the whole history (every position, no expectation);
+    - a delta whose snapshot idempotency key was claimed before (a retried write that committed)
+      writes its other records and answers the log size that first write left.
+
+    Used by the capability under a durability engine; the shipped stores offer it.
+    """
+
+    async def write_snapshot_delta(
+        self,
+        delta: SnapshotDelta,
+        *,
+        tool_effects: Sequence[ToolEffectRecord] = (),
+        events: Sequence[StepEvent] = (),
+    ) -> DeltaOutcome: ...
 
 
 @runtime_checkable

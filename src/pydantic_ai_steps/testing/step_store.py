@@ -46,6 +46,7 @@ from pydantic_ai.messages import (
 from .._errors import RunAlreadyExistsError, RunNotFoundError
 from .._records import RunRecord, StepEvent, ToolEffectRecord
 from ..store.protocol import RecordBatchStore, StepStore
+from ._deltas import DeltaConformance
 from ._kernel import KernelConformance
 from ._queries import QueryConformance
 from ._retention import RetentionConformance
@@ -55,7 +56,7 @@ from ._support import T0, StoreFactory, all_snapshots, dump, new_run, new_run_id
 __all__ = ['StepStoreConformance', 'StoreFactory']
 
 
-class StepStoreConformance(KernelConformance, QueryConformance, RetentionConformance):
+class StepStoreConformance(KernelConformance, QueryConformance, RetentionConformance, DeltaConformance):
     """Every behaviour the capability and the helpers rely on, for any `StepStore`."""
 
     persistent: ClassVar[bool] = False

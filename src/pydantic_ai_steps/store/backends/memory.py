@@ -76,8 +76,9 @@ class _MemoryBackend:
         write = batch.snapshot
         if write is not None and write.expected_log_size is not None:
             run = self._runs.get(write.run_id)
-            if (run.log_end if run is not None else 0) != write.expected_log_size:
-                return STALE
+            claimed = run is not None and write.key is not None and write.key in run.snapshot_keys
+            if not claimed and (run.log_end if run is not None else 0) != write.expected_log_size:
+                return STALE  # a claimed key is suppressed whatever the log end, as the contract orders
         if registering is not None:
             self._runs[registering['run_id']] = _Run({**registering, 'status': None, 'ended_at': None})
         outcome: CommitOutcome = None
