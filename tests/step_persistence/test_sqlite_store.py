@@ -104,6 +104,20 @@ async def test_durable_chooses_the_synchronous_level(tmp_path: Path, durable: bo
     store.close()
 
 
+async def test_a_durable_store_sets_its_busy_timeout_once(tmp_path: Path) -> None:
+    """Every call of a durable store waits on a worker: no two PRAGMAs per call to switch the timeout."""
+    store = SqliteStepStore(database=tmp_path / 's.db', media_store=None, durable=True)
+    await store.register_run(RunRecord(run_id='r'))
+    conn = store.backend._connection  # type: ignore[attr-defined]  # pyright: ignore
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    for step in (1, 2, 3):
+        await store.save_snapshot(snap('r', history(step), step))
+    assert statements and not [text for text in statements if 'busy_timeout' in text]
+    assert conn.execute('PRAGMA busy_timeout').fetchone()[0] == 30_000
+    store.close()
+
+
 async def test_concurrent_calls_from_many_tasks_share_the_connection(tmp_path: Path) -> None:
     import anyio
 

@@ -36,9 +36,10 @@ _SAVEPOINT = 'pydantic_ai_steps_store'
 _CHUNK = 500
 _BUSY_TIMEOUT_MS = 30_000
 """How long a call on a worker thread waits for another connection's write lock."""
-_CHECKPOINT_EVERY = 256
-"""Commits between WAL checkpoints on the store's own connection (SQLite's default is about as
-many pages: 1000, and a commit here writes a few)."""
+_CHECKPOINT_EVERY = 64
+"""Commits between background WAL checkpoints on the store's own connection. A tool cycle's commit
+writes about a dozen pages, so 64 of them stay well under `WAL_LIMIT_BYTES` and the checkpoint
+never has to run inside a call (SQLite's own default, 1000 pages, is about as often)."""
 WAL_LIMIT_BYTES = 4 << 20
 """A WAL file larger than this when a checkpoint is due is checkpointed and truncated on the store's
 own connection, between two of its writes; `journal_size_limit` truncates it to this size whenever
@@ -77,6 +78,8 @@ class SqliteBackend:
         self._migrated = False
         self._columns: Columns | None = None
         self._commits_since_checkpoint = 0
+        self._busy_timeout_set = False
+        """Whether the own connection waits for a held write lock (it must not on the event loop)."""
         self._wal_too_long = False
         self._checkpointer = BackgroundCheckpointer.for_database(database, 'pydantic-ai-steps-checkpoint')
 
@@ -420,7 +423,9 @@ class SqliteBackend:
         conn = self._conn(write)
         if not self._owns_connection:
             return body(conn)
-        conn.execute(f'PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}')
+        if not self._busy_timeout_set:
+            conn.execute(f'PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}')
+            self._busy_timeout_set = True
         try:
             if self._wal_too_long and self._checkpointer is not None:
                 self._checkpointer.wait()  # a running checkpoint would make this one give up at once
@@ -428,7 +433,11 @@ class SqliteBackend:
                 self._wal_too_long = False
             return body(conn)
         finally:
-            conn.execute('PRAGMA busy_timeout = 0')
+            # The event loop's calls need a busy timeout of 0 (see `_without_waiting`); a durable
+            # store never makes any, so its connection keeps the timeout between calls.
+            if not self.durable:
+                conn.execute('PRAGMA busy_timeout = 0')
+                self._busy_timeout_set = False
             self._checkpoint_when_due()
 
     def _without_waiting(self, body: Callable[[sqlite3.Connection], _R], write: bool) -> _R:
@@ -436,6 +445,7 @@ class SqliteBackend:
         conn = self._connection
         if (
             conn is None
+            or self._busy_timeout_set
             or self._wal_too_long
             or (write and not self._migrated)
             or (not write and self._columns is None)
@@ -467,6 +477,7 @@ class SqliteBackend:
         if conn is None:
             assert self._database is not None
             conn = open_database(self._database, durable=self.durable, timeout=_BUSY_TIMEOUT_MS / 1000)
+            self._busy_timeout_set = True
             conn.execute(f'PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}')
             # Checkpoints flush to disk: they run on a thread of their own every
             # `_CHECKPOINT_EVERY` commits, never inside a commit (see `BackgroundCheckpointer`).
