@@ -17,7 +17,7 @@ from pydantic_ai_steps.step_persistence import (
     StepEvent,
     ToolEffectRecord,
 )
-from pydantic_ai_steps.store.backends.sqlite import _backend as sqlite_module
+from pydantic_ai_steps.store.backends.sqlite import _connection as sqlite_module
 from pydantic_ai_steps.testing.step_store import T0, dump
 
 from .builders import history, snap
