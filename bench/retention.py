@@ -35,7 +35,7 @@ from pydantic_ai_steps.step_persistence import (
     StepEvent,
     ToolEffectRecord,
 )
-from pydantic_ai_steps.store.backends.sqlite import _backend as sqlite_backend  # pyright: ignore[reportPrivateUsage]
+from pydantic_ai_steps.store.backends.sqlite import _connection as sqlite_connection  # pyright: ignore[reportPrivateUsage]
 from pydantic_ai_steps.testing._support import tool_cycle
 
 IMAGE_BYTES = 100 * 1024
@@ -136,7 +136,7 @@ async def wal_bound(root: Path) -> None:
     print('| WAL limit | largest WAL | median write | p99 write |')
     print('|---|---|---|---|')
     for limit in (64 << 20, 4 << 20):
-        sqlite_backend.WAL_LIMIT_BYTES = limit
+        sqlite_connection.WAL_LIMIT_BYTES = limit
         directory = root / f'wal-{limit}'
         directory.mkdir()
         store = SqliteStepStore(database=directory / 'steps.db', media_store=None)

@@ -153,7 +153,7 @@ def install() -> None:
 
     base = module('pydantic_ai_steps.store.base')
     time_async(base.StepStoreBase, 'write_records', 'store write_records')
-    for checker in ('_checked_run', '_checked_event', '_checked_effect', '_checked_snapshot'):
+    for checker in ('checked_run', 'checked_event', 'checked_effect', 'checked_snapshot'):
         time_sync(base, checker, 'records: checks')
     codec = module('pydantic_ai_steps.store.codec')
     for encoder in ('run', 'event', 'effect', 'snapshot'):

@@ -25,14 +25,17 @@
 #   TEST_POSTGRES_DSN   postgresql://steps@127.0.0.1:PORT/steps_test: PostgreSQL (Debian's, run as the
 #                       `postgres` user), superuser `steps`, trust auth, fsync and synchronous_commit on
 #   TEST_POSTGRES_BIN TEST_POSTGRES_PGCTL TEST_POSTGRES_DATA TEST_POSTGRES_LOG
-#                       its bin dir, pg_ctl, data dir (settings in its postgresql.conf) and server log,
-#                       to stop/start it from a test: `runuser -u postgres -- $TEST_POSTGRES_PGCTL
-#                       -D $TEST_POSTGRES_DATA -l $TEST_POSTGRES_LOG -w start` (tests/servers/restart.py)
+#                       its bin dir, pg_ctl, data dir (settings in its postgresql.conf) and server log.
+#                       The tests share this server (in parallel): none stops it. A test that stops or
+#                       restarts a server makes a private cluster with the programs in TEST_POSTGRES_BIN
+#                       and the same settings (tests/servers/restart.py)
 #   TEST_MONGODB_URL    mongodb://127.0.0.1:PORT: SecantusDB, a MongoDB-wire server (one-node replica set
 #                       `secantus`), with configureFailPoint enabled and an fsync on every commit
 #   TEST_MONGODB_CMD TEST_MONGODB_PIDFILE TEST_MONGODB_LOG TEST_MONGODB_STORAGE
 #                       its exact command line (shell-quoted), the PID file `stop` reads, its log and its
-#                       storage dir: a test that restarts it writes the new PID there (restart.py does)
+#                       storage dir. None of the tests stops it or arms its fail points: those that do
+#                       start a private server from TEST_MONGODB_CMD with a port and storage of its own
+#                       (tests/servers/restart.py)
 #   TEST_TEMPORAL_ADDRESS TEST_TEMPORAL_NAMESPACE TEST_TEMPORAL_CLI
 #                       127.0.0.1:PORT, `default`, the `temporal` CLI: Temporal's dev server (SQLite file)
 #
@@ -331,7 +334,8 @@ postgres_install() {
 # PostgreSQL refuses to run as root: initdb and pg_ctl run as the `postgres` user (runuser), in a
 # fresh directory under /tmp that it owns (every parent of it must be traversable by postgres,
 # which a deep $STATE may not be). The settings go into postgresql.conf, so a plain `pg_ctl start`
-# (what tests/servers/restart.py runs) brings it back on the same port with the same settings.
+# brings it back on the same port with the same settings (tests/servers/restart.py makes its private
+# clusters the same way).
 postgres_start() {
   local bin dir port
   bin=$(pg_bindir)
@@ -428,9 +432,8 @@ secantus_start() {
   spawn secantus "$STATE/log/secantus.log" "${cmd[@]}"
   wait_for 60 mongo_ping "$port" ||
     fail_with_log secantus "$STATE/log/secantus.log" "SecantusDB on 127.0.0.1:$port never answered a ping"
-  # TEST_MONGODB_CMD is the exact command line (shell-quoted) so a test can restart the server on
-  # the same port and storage; it must then write the new PID to TEST_MONGODB_PIDFILE so that
-  # `stop` still finds it (tests/servers/restart.py does both).
+  # TEST_MONGODB_CMD is the exact command line (shell-quoted): tests/servers/restart.py starts
+  # private servers from it, with --port, --storage-path and --config of their own.
   env_fragment secantus <<EOF
 export TEST_MONGODB_URL=mongodb://127.0.0.1:$port
 export TEST_MONGODB_CMD=$(printf '%q' "$(printf '%q ' "${cmd[@]}")")

@@ -3,13 +3,22 @@
 Tests that need a live server read its address from environment variables that `scripts/test`
 exports after starting the servers. Without them a test skips with the reason, except under
 `CI=true`, where a missing server is a failure: CI must never pass by skipping.
+
+The suite runs in parallel (`pytest -n 2` in `scripts/test`): the shared servers serve every
+xdist worker at once, so each test works in names of its own (a table prefix, a database, a key
+prefix) and never changes a server for everyone. A test that stops, restarts or kills a server,
+or arms a fail point (which acts on every client), does it to a private server instead:
+`private_postgres`, `private_mongodb`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+
+from tests.servers.restart import PrivateMongoDB, PrivatePostgres
 
 
 @pytest.fixture
@@ -26,3 +35,29 @@ def require_env(*names: str) -> dict[str, str]:
             pytest.fail(reason)
         pytest.skip(reason)
     return {name: os.environ[name] for name in names}
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server of this test's own, for a test that stops, restarts or kills it (about
+    1 s to create: initdb and a start). See `tests/servers/restart.py`."""
+    server = PrivatePostgres(require_env('TEST_POSTGRES_BIN')['TEST_POSTGRES_BIN'])
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope='module')
+def private_mongodb_server() -> Iterator[PrivateMongoDB]:
+    server = PrivateMongoDB(require_env('TEST_MONGODB_CMD')['TEST_MONGODB_CMD'])
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def private_mongodb(private_mongodb_server: PrivateMongoDB) -> PrivateMongoDB:
+    """A SecantusDB server of this module's own (one per module in each xdist worker: about 1 s to
+    start), running when the test begins, for tests that stop or kill it or arm its fail points
+    (which act on every client of the server). See `tests/servers/restart.py`."""
+    if not private_mongodb_server.running:  # a test that failed while it was down
+        private_mongodb_server.start()
+    return private_mongodb_server

@@ -1,5 +1,8 @@
 """MongoStepStore when things go wrong on the real wire: connections closed mid-write (fail points),
-error codes injected, the server killed and restarted between calls, two processes on one run."""
+error codes injected, the server killed and restarted between calls, two processes on one run.
+
+All on a private SecantusDB server (`tests/servers/restart.py`), not the shared one: a fail point
+acts on the whole server and a restart drops every client's connections."""
 
 from __future__ import annotations
 
@@ -24,11 +27,17 @@ from pymongo.errors import AutoReconnect, OperationFailure
 from pydantic_ai_steps.step_persistence import MongoStepStore, RunRecord, StepEvent, ToolEffectRecord
 from pydantic_ai_steps.testing.step_store import dump, snapshot, tool_cycle
 
-from ..servers.restart import restart_mongodb
+from ..servers.restart import PrivateMongoDB
 
 pytestmark = pytest.mark.anyio
 APP = 'steps-failure-victim'
 Client = AsyncMongoClient[dict[str, Any]]
+
+
+@pytest.fixture
+def url(private_mongodb: PrivateMongoDB) -> str:
+    """This module's server (`database_name` and every client here use it)."""
+    return private_mongodb.url
 
 
 @pytest.fixture
@@ -140,12 +149,14 @@ async def test_an_error_code_on_the_bulk_write_writes_nothing(victim: Client, ur
 
 
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL], ids=['shutdown', 'crash'])
-async def test_the_server_restarted_between_calls(url: str, database_name: str, sig: signal.Signals) -> None:
+async def test_the_server_restarted_between_calls(
+    private_mongodb: PrivateMongoDB, url: str, database_name: str, sig: signal.Signals
+) -> None:
     async with MongoStepStore(db_url=url, database=database_name) as store:
         await store.register_run(RunRecord(run_id='r'))
         one, two = two_steps('r')
         await store.write_records(**boundary('r', one, 1))
-        await anyio.to_thread.run_sync(restart_mongodb, sig)
+        await anyio.to_thread.run_sync(private_mongodb.restart, sig)
         await store.write_records(**boundary('r', two, 2))  # the client reconnects on its own
         assert await store.get_run(run_id='r') is not None
     assert await read_back(url, database_name, 'r') == (

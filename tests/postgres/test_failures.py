@@ -1,5 +1,6 @@
-"""Failures against the real server: a backend killed mid-write, a server restart between two calls,
-a pool of one connection under 20 concurrent runs, an exhausted pool, ten processes migrating at once."""
+"""Failures against the real server: a backend killed mid-write, a server restart between two calls
+(on a private server: `tests/servers/restart.py`), a pool of one connection under 20 concurrent runs,
+an exhausted pool, ten processes migrating at once."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import PostgresStepStore, RunRecord, StepEvent
 from pydantic_ai_steps.store.backends.postgres import PoolTimeoutError
 from pydantic_ai_steps.testing._support import snapshot, tool_cycle
-from tests.servers.restart import restart_postgres
+from tests.servers.restart import PrivatePostgres
 from tests.step_persistence.agents import call, scripted
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
@@ -34,11 +35,13 @@ async def asyncpg_pool(dsn: str, anyio_backend: str) -> AsyncIterator[Any]:
     await pool.close()
 
 
-async def _blocked_commit_pid(conn: Any) -> int:
-    """The backend whose commit is waiting for the lock the test holds."""
+async def _blocked_commit_pid(conn: Any, prefix: str) -> int:
+    """The backend whose commit (of the store under `prefix`) is waiting for the lock the test holds;
+    other tests' commits, on the same server at the same time, may be waiting for locks of their own."""
+    pattern = '%' + f'{prefix}_commit('.replace('_', '\\_') + '%'
     for _ in range(200):
         pid = await conn.fetchval(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\\_commit(%'"
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1", pattern
         )
         if pid is not None:
             return int(pid)
@@ -60,7 +63,7 @@ async def test_a_backend_killed_mid_write(asyncpg_pool: Any, dsn: str, prefix: s
         await blocker.execute(f"SELECT 1 FROM {prefix}_runs WHERE run_id = 'r' FOR UPDATE")
         unkeyed = StepEvent(run_id='r', kind='tool_call_started', step_index=1, tool_call_id='c1')
         write = asyncio.ensure_future(store.write_records(snapshot=snapshot('r', tool_cycle()), events=[unkeyed]))
-        await admin.execute('SELECT pg_terminate_backend($1)', await _blocked_commit_pid(admin))
+        await admin.execute('SELECT pg_terminate_backend($1)', await _blocked_commit_pid(admin, prefix))
         with pytest.raises(Exception) as raised:
             await write
         assert type(raised.value).__name__ in ('AdminShutdownError', 'ConnectionDoesNotExistError'), raised.value
@@ -78,7 +81,7 @@ async def test_a_backend_killed_mid_write(asyncpg_pool: Any, dsn: str, prefix: s
         again = asyncio.ensure_future(
             store.write_records(snapshot=snapshot('r', tool_cycle(), idempotency_key='s1'), events=keyed)
         )
-        await admin.execute('SELECT pg_terminate_backend($1)', await _blocked_commit_pid(admin))
+        await admin.execute('SELECT pg_terminate_backend($1)', await _blocked_commit_pid(admin, prefix))
         await asyncio.sleep(0.1)
         await lock.rollback()
         await again
@@ -90,9 +93,12 @@ async def test_a_backend_killed_mid_write(asyncpg_pool: Any, dsn: str, prefix: s
 
 
 @pytest.mark.parametrize('driver', ['asyncpg', 'psycopg'])
-async def test_the_same_store_carries_on_across_a_server_restart(driver: str, dsn: str, prefix: str) -> None:
+async def test_the_same_store_carries_on_across_a_server_restart(
+    driver: str, private_postgres: PrivatePostgres
+) -> None:
     from psycopg_pool import AsyncConnectionPool
 
+    dsn, prefix = private_postgres.dsn, 'steps'  # the server is this test's own
     pool: Any = None
     if driver == 'psycopg':
         pool = AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
@@ -103,7 +109,7 @@ async def test_the_same_store_carries_on_across_a_server_restart(driver: str, ds
     try:
         await store.register_run(RunRecord(run_id='before'))
         await store.save_snapshot(snapshot('before', tool_cycle(), idempotency_key='k1'))
-        await anyio.to_thread.run_sync(restart_postgres)
+        await anyio.to_thread.run_sync(private_postgres.restart)
         # Each pooled connection died with the server; the store's next calls, write and read, go on.
         await store.register_run(RunRecord(run_id='after'))
         await store.append_event(StepEvent(run_id='after', kind='run_started', step_index=0, idempotency_key='e'))

@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from pydantic_ai_steps.media import MediaContext, S3MediaStore, media_uri_for
-from pydantic_ai_steps.media.stores import s3 as s3_module
 from pydantic_ai_steps.media.stores.s3 import S3AuthError, S3Error, S3RequestError, S3ServerError
+from pydantic_ai_steps.media.stores.s3 import _collection as s3_collection
+from pydantic_ai_steps.media.stores.s3 import _transport as s3_transport
 from pydantic_ai_steps.store import CollectableMediaStore
 from pydantic_ai_steps.testing.media_store import MediaStoreConformance
 
@@ -34,7 +35,7 @@ def delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     async def record(seconds: float) -> None:
         recorded.append(seconds)
 
-    monkeypatch.setattr(s3_module, '_sleep', record)
+    monkeypatch.setattr(s3_transport, '_sleep', record)
     return recorded
 
 
@@ -63,7 +64,7 @@ class TestS3MediaStoreOnTheFakeServer(MediaStoreConformance):
 async def test_lists_every_page_under_the_prefix_with_size_and_last_modified(
     fake: FakeS3, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3_module, 'LIST_PAGE_KEYS', 2)
+    monkeypatch.setattr(s3_collection, 'LIST_PAGE_KEYS', 2)
     async with make_store(fake, key_prefix='media/') as store:
         assert isinstance(store, CollectableMediaStore)
         uris = [await store.put(f'blob {index}'.encode() * (index + 1)) for index in range(5)]

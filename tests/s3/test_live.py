@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from pydantic_ai_steps.media import MediaContext, media_uri_for
-from pydantic_ai_steps.media.stores import s3 as s3_module
 from pydantic_ai_steps.media.stores.s3 import S3AuthError, S3ConnectionError, S3NotFound, S3RequestError
+from pydantic_ai_steps.media.stores.s3 import _collection as s3_collection
 from tests.conftest import require_env
 
 from .conftest import S3Admin, Server
@@ -197,7 +197,7 @@ def present(admin: S3Admin, bucket: str, key: str) -> bool:
 async def test_list_pages_and_delete_on_the_server(
     make_store: Any, admin: S3Admin, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3_module, 'LIST_PAGE_KEYS', 2)  # five blobs and a foreign object: three pages
+    monkeypatch.setattr(s3_collection, 'LIST_PAGE_KEYS', 2)  # five blobs and a foreign object: three pages
     prefix = f'{ODD_PREFIX}{uuid.uuid4().hex[:8]}/'
     transport = _CountingLists()
     store = make_store(key_prefix=prefix, transport=transport)

@@ -24,7 +24,6 @@ from pydantic_ai_steps.media import (
     make_static_public_url,
     media_uri_for,
 )
-from pydantic_ai_steps.media.stores import s3 as s3_module
 from pydantic_ai_steps.media.stores.s3 import (
     S3AuthError,
     S3ConnectionError,
@@ -35,6 +34,7 @@ from pydantic_ai_steps.media.stores.s3 import (
     S3ServerError,
     S3ThrottledError,
 )
+from pydantic_ai_steps.media.stores.s3 import _transport as s3_transport
 
 from .fake_s3 import ACCESS_KEY, SECRET_KEY, SESSION_TOKEN, FakeS3, error_response
 
@@ -56,7 +56,7 @@ def delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     async def record(seconds: float) -> None:
         recorded.append(seconds)
 
-    monkeypatch.setattr(s3_module, '_sleep', record)
+    monkeypatch.setattr(s3_transport, '_sleep', record)
     return recorded
 
 
@@ -397,10 +397,10 @@ def test_backoff_is_jittered_capped_and_exponential(fake: FakeS3) -> None:
     store = make_store(fake, retry_backoff_seconds=1.0)
     for attempt in range(1, 10):
         samples = [store._retry_delay(attempt, None) for _ in range(200)]
-        ceiling = min(s3_module.BACKOFF_CAP_SECONDS, 2 ** (attempt - 1))
+        ceiling = min(s3_transport.BACKOFF_CAP_SECONDS, 2 ** (attempt - 1))
         assert all(0.0 <= sample <= ceiling for sample in samples)
         assert len(set(samples)) > 100  # jittered, not a fixed schedule
-    assert store._retry_delay(1, 500.0) == s3_module.BACKOFF_CAP_SECONDS
+    assert store._retry_delay(1, 500.0) == s3_transport.BACKOFF_CAP_SECONDS
 
 
 # ----------------------------------------------------------------------------- multipart

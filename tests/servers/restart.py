@@ -1,89 +1,66 @@
-"""Stop, start and restart the live PostgreSQL and SecantusDB servers that `scripts/services.sh`
-started, on the same port and the same data, for failure tests.
+"""Private PostgreSQL and SecantusDB servers, for the tests that stop, restart or kill a server.
 
-Everything comes from the variables `scripts/services.sh start` exports (see its header); without
-them these functions skip the calling test (fail under CI=true), like `tests.conftest.require_env`.
+The servers `scripts/services.sh` started are shared by every test of the run, in every xdist
+worker at once: stopping one would break whatever else is connected to it at that moment. A test
+that takes a server down takes down one of its own instead: `PrivatePostgres` and `PrivateMongoDB`
+start a second server from what `services.sh` exports (`TEST_POSTGRES_BIN`, `TEST_MONGODB_CMD`, see
+its header) with the same settings, on a free port, over fresh data in a new temporary directory.
+`stop`, `start` and `restart` act on that instance only, and bring it back on the same port and
+data; `close` kills it and deletes the directory. The `private_postgres` and `private_mongodb`
+fixtures (`tests/conftest.py`) hand them out.
 
-The servers are shared by the whole run: a test that stops one must start it again before it ends
-(use try/finally), and such tests must not run in parallel with other server tests (no xdist
-worker split across them).
+Without the variables the fixtures skip the test (fail under CI=true), like
+`tests.conftest.require_env`; a variable naming a program that does not exist fails the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
-from urllib.parse import urlsplit
+from pathlib import Path
+from typing import Any
 
 import pymongo
+import pytest
 from pymongo.errors import PyMongoError
 
-from tests.conftest import require_env
-
-# PostgreSQL refuses to run as root; scripts/services.sh made the `postgres` user own the cluster.
+# PostgreSQL refuses to run as root: as services.sh does, initdb and pg_ctl then run as this user.
 POSTGRES_OS_USER = 'postgres'
 
 
-# ---------------------------------------------------------------- PostgreSQL
+def require_program(path: str) -> str:
+    """`path`, if it is an executable file; else skip the test (fail under CI=true)."""
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        reason = f'test server program missing: {path}'
+        if os.environ.get('CI', '').lower() == 'true':
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
 
 
-def _pg_ctl(*args: str) -> None:
-    env = require_env('TEST_POSTGRES_PGCTL', 'TEST_POSTGRES_DATA', 'TEST_POSTGRES_LOG')
-    cmd = [env['TEST_POSTGRES_PGCTL'], '-D', env['TEST_POSTGRES_DATA'], *args]
-    if os.geteuid() == 0:
-        cmd = ['runuser', '-u', POSTGRES_OS_USER, '--', *cmd]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f'{shlex.join(cmd)} failed ({done.returncode}): {done.stdout}{done.stderr}')
-
-
-def stop_postgres(mode: str = 'fast') -> None:
-    """Stop the server and wait until it is down. `mode`: `smart`, `fast` (default: roll back open
-    transactions, close connections, checkpoint) or `immediate` (no checkpoint: the next start runs
-    crash recovery, as after a power cut of the server process)."""
-    _pg_ctl('stop', '-m', mode, '-w', '-t', '60')
-
-
-def start_postgres() -> None:
-    """Start the server on the same port and data directory (its settings are in postgresql.conf)
-    and wait until it accepts connections."""
-    log = require_env('TEST_POSTGRES_LOG')['TEST_POSTGRES_LOG']
-    _pg_ctl('start', '-w', '-t', '60', '-l', log)
-
-
-def restart_postgres(mode: str = 'fast') -> None:
-    """Stop the server (see `stop_postgres` for `mode`) and start it again on the same port and data."""
-    stop_postgres(mode)
-    start_postgres()
-
-
-# ---------------------------------------------------------------- SecantusDB (MongoDB wire protocol)
-
-
-def _mongo_env() -> dict[str, str]:
-    return require_env('TEST_MONGODB_URL', 'TEST_MONGODB_CMD', 'TEST_MONGODB_PIDFILE', 'TEST_MONGODB_LOG')
-
-
-def _port_of(url: str) -> int:
-    port = urlsplit(url).port
-    assert port is not None, url
-    return port
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie waiting for its parent to reap it has exited all the same
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except (OSError, IndexError):
-        return True
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1, below the kernel's ephemeral range: while a private server is
+    down for a restart, no outgoing connection of another process can be given its port."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        low = int(Path('/proc/sys/net/ipv4/ip_local_port_range').read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(10_000, max(low, 10_001))
+        with socket.socket() as probe:
+            try:
+                probe.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError('no free TCP port found on 127.0.0.1')
 
 
 def _port_open(port: int) -> bool:
@@ -94,58 +71,210 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def stop_mongodb(sig: signal.Signals = signal.SIGTERM, timeout: float = 30) -> None:
-    """Stop the server and wait until it has exited and its port is closed. SIGTERM (default) is a
-    clean shutdown, about 4 s; SIGKILL is a crash, and the next start recovers from the WiredTiger log."""
-    env = _mongo_env()
-    pidfile = env['TEST_MONGODB_PIDFILE']
-    with open(pidfile) as f:
-        pid = int(f.read().strip())
-    os.kill(pid, sig)
-    port = _port_of(env['TEST_MONGODB_URL'])
-    deadline = time.monotonic() + timeout
-    while _alive(pid) or _port_open(port):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f'SecantusDB (pid {pid}) still running {timeout} s after {sig.name}')
-        time.sleep(0.05)
-    os.unlink(pidfile)
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return '\n'.join(path.read_text(errors='replace').splitlines()[-lines:])
+    except OSError:
+        return '(no log)'
 
 
-def start_mongodb(timeout: float = 60) -> None:
-    """Start the server with the exact command line `scripts/services.sh` used (same port, same
-    storage), record its PID where `services.sh stop` looks for it, and wait for a real ping."""
-    env = _mongo_env()
-    argv = shlex.split(env['TEST_MONGODB_CMD'])
-    # Detached like services.sh's `spawn`: its own session, output appended to the same log, and not
-    # a child of this process (the shell exits at once), so pytest never waits for it.
-    launch = 'setsid "$@" >>"$STEPS_LOG" 2>&1 </dev/null & echo $!'
-    done = subprocess.run(
-        ['sh', '-c', launch, 'sh', *argv],
-        env={**os.environ, 'STEPS_LOG': env['TEST_MONGODB_LOG']},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    pid = int(done.stdout.strip())
-    with open(env['TEST_MONGODB_PIDFILE'], 'w') as f:
-        f.write(f'{pid}\n')
-    deadline = time.monotonic() + timeout
-    while True:
+def _private_directory(kind: str) -> Path:
+    # In /tmp, as services.sh does: every parent must be traversable by the `postgres` user, which a
+    # pytest temporary directory (0700) is not.
+    return Path(tempfile.mkdtemp(prefix=f'steps-{kind}-private.', dir='/tmp'))
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of its own, with the shared server's binaries and settings.
+
+    `dsn` names its `postgres` database, superuser `steps` (trust auth), fsync and
+    synchronous_commit on.
+    """
+
+    def __init__(self, bindir: str) -> None:
+        self.bindir = bindir
+        self.initdb = require_program(os.path.join(bindir, 'initdb'))
+        self.pg_ctl = require_program(os.path.join(bindir, 'pg_ctl'))
+        self.as_postgres = os.geteuid() == 0
+        if self.as_postgres:
+            require_program(shutil.which('runuser') or '/usr/sbin/runuser')
+        self.root = _private_directory('postgres')
+        self.data = self.root / 'data'
+        self.log = self.root / 'server.log'
+        self.port = 0
         try:
-            with pymongo.MongoClient(env['TEST_MONGODB_URL'], serverSelectionTimeoutMS=500) as client:
-                if client.admin.command('ping').get('ok') == 1:
+            if self.as_postgres:
+                os.chmod(self.root, 0o755)  # mkdtemp gives 0700
+                shutil.chown(self.root, POSTGRES_OS_USER, POSTGRES_OS_USER)
+            # --no-sync: initdb's own files are not flushed (nothing here outlives the machine);
+            # the server's settings below keep every commit durable.
+            self._run(
+                self.initdb, '-D', str(self.data), '-U', 'steps', '--auth=trust', '--encoding=UTF8',
+                '--locale=C.UTF-8', '--no-sync',
+            )  # fmt: skip
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def dsn(self) -> str:
+        return f'postgresql://steps@127.0.0.1:{self.port}/postgres'
+
+    def _run(self, *cmd: str) -> None:
+        argv = ['runuser', '-u', POSTGRES_OS_USER, '--', *cmd] if self.as_postgres else list(cmd)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f'{shlex.join(argv)} failed ({done.returncode}): {done.stdout}{done.stderr}\n'
+                f'server log:\n{_tail(self.log)}'
+            )
+
+    def _create(self) -> None:
+        """Start the server on a free port (another if that one was taken in the meantime)."""
+        original = (self.data / 'postgresql.conf').read_text()
+        for attempt in range(3):
+            self.port = free_port()
+            # The settings of scripts/services.sh, in postgresql.conf so that a plain start keeps them.
+            (self.data / 'postgresql.conf').write_text(
+                f'{original}\n# tests/servers/restart.py\n'
+                f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
+                f"unix_socket_directories = '{self.root}'\n"
+                'fsync = on\nsynchronous_commit = on\nfull_page_writes = on\n'
+            )
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+
+    def stop(self, mode: str = 'fast') -> None:
+        """Stop the server and wait until it is down. `mode`: `smart`, `fast` (roll back open
+        transactions, close connections, checkpoint) or `immediate` (no checkpoint: the next start
+        runs crash recovery, as after a power cut of the server process)."""
+        self._run(self.pg_ctl, '-D', str(self.data), 'stop', '-m', mode, '-w', '-t', '60')
+
+    def start(self) -> None:
+        """Start the server on its port and data directory and wait until it accepts connections."""
+        self._run(self.pg_ctl, '-D', str(self.data), '-l', str(self.log), 'start', '-w', '-t', '60')
+
+    def restart(self, mode: str = 'fast') -> None:
+        """`stop(mode)`, then `start()`: the same port, the same data."""
+        self.stop(mode)
+        self.start()
+
+    def close(self) -> None:
+        """Stop the server if it runs (its data is thrown away: no checkpoint) and delete it all."""
+        if (self.data / 'postmaster.pid').exists():
+            try:
+                self.stop('immediate')
+            except RuntimeError:
+                pid = int((self.data / 'postmaster.pid').read_text().split()[0])
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- SecantusDB (MongoDB wire protocol)
+
+
+def _replace_option(argv: list[str], option: str, value: str) -> None:
+    if option not in argv or argv.index(option) + 1 >= len(argv):
+        raise RuntimeError(f'TEST_MONGODB_CMD has no {option} VALUE: {shlex.join(argv)}')
+    argv[argv.index(option) + 1] = value
+
+
+class PrivateMongoDB:
+    """A SecantusDB server of its own: the shared server's exact command line (`TEST_MONGODB_CMD`:
+    the same program, a one-node replica set, fail points enabled, an fsync on every commit) with
+    its own port, storage and (empty) config file."""
+
+    def __init__(self, command: str) -> None:
+        self.argv = shlex.split(command)
+        require_program(self.argv[0])
+        self.root = _private_directory('mongodb')
+        self.storage = self.root / 'data'
+        self.log = self.root / 'server.log'
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        try:
+            config = self.root / 'secantusd.toml'
+            config.touch()  # an explicit empty file: no config discovered elsewhere
+            _replace_option(self.argv, '--config', str(config))
+            _replace_option(self.argv, '--storage-path', str(self.storage))
+            for attempt in range(3):
+                self.port = free_port()
+                _replace_option(self.argv, '--port', str(self.port))
+                try:
+                    self.start()
+                    break
+                except RuntimeError:
+                    if attempt == 2:
+                        raise
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        return f'mongodb://127.0.0.1:{self.port}'
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, timeout: float = 60) -> None:
+        """Start the server on its port and storage and wait until it answers a ping."""
+        assert not self.running, 'already running'
+        with open(self.log, 'ab') as log:
+            # Its own session, as services.sh's `spawn`: a Ctrl-C in the terminal is not for it.
+            self.process = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(self.url, serverSelectionTimeoutMS=500)
+            try:
+                # Still alive: the answer came from this server, not from one that had the port.
+                if client.admin.command('ping').get('ok') == 1 and self.running:
                     return
-        except PyMongoError:
-            pass
-        if not _alive(pid):
-            raise RuntimeError(f'SecantusDB exited during start; see {env["TEST_MONGODB_LOG"]}')
-        if time.monotonic() > deadline:
-            raise TimeoutError(f'SecantusDB did not answer a ping within {timeout} s')
-        time.sleep(0.1)
+            except PyMongoError:
+                pass
+            finally:
+                client.close()
+            if self.process.poll() is not None:
+                raise RuntimeError(f'SecantusDB exited during start ({self.process.returncode}):\n{_tail(self.log)}')
+            if time.monotonic() > deadline:
+                raise TimeoutError(f'SecantusDB did not answer a ping within {timeout} s:\n{_tail(self.log)}')
+            time.sleep(0.05)
 
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop the server and wait until it has exited and its port is closed. SIGTERM (default) is a
+        clean shutdown, about 4 s; SIGKILL is a crash, and the next start recovers from the WiredTiger log."""
+        process = self.process
+        assert process is not None and self.running, 'not running'
+        process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f'SecantusDB (pid {process.pid}) still running {timeout} s after {sig.name}') from None
+        deadline = time.monotonic() + timeout
+        while _port_open(self.port):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f'port {self.port} still open {timeout} s after SecantusDB exited')
+            time.sleep(0.05)
 
-def restart_mongodb(sig: signal.Signals = signal.SIGTERM) -> None:
-    """Stop the server (see `stop_mongodb` for `sig`) and start it again on the same port and storage."""
-    stop_mongodb(sig)
-    start_mongodb()
+    def restart(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """`stop(sig)`, then `start()`: the same port, the same storage."""
+        self.stop(sig)
+        self.start()
+
+    def close(self) -> None:
+        """Kill the server if it runs (its storage is thrown away) and delete it all."""
+        if self.process is not None and self.running:
+            self.process.kill()
+            self.process.wait(30)
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,5 +1,6 @@
 """The test servers `scripts/services.sh` starts really work: one small round trip per server,
-plus the failure hooks later tests rely on (a MongoDB fail point, a restart on the same data).
+plus the failure hooks later tests rely on (a MongoDB fail point, a restart on the same data), on
+private servers started the same way (`restart.py`): the shared ones serve other tests meanwhile.
 
 Without the servers' variables these skip (and fail under CI=true, see `tests.conftest.require_env`).
 """
@@ -22,7 +23,7 @@ from temporalio.worker import Worker
 
 from tests.conftest import require_env
 
-from .restart import restart_mongodb, restart_postgres
+from .restart import PrivateMongoDB, PrivatePostgres
 
 pytestmark = [pytest.mark.anyio, pytest.mark.server]
 
@@ -64,8 +65,8 @@ async def test_postgres_asyncpg_and_psycopg_round_trip_with_durable_settings() -
         await pconn.execute(f'DROP TABLE {table}')
 
 
-async def test_postgres_restart_keeps_committed_rows() -> None:
-    dsn = _postgres_dsn()
+async def test_postgres_restart_keeps_committed_rows(private_postgres: PrivatePostgres) -> None:
+    dsn = private_postgres.dsn
     table = _name('restart')
     conn = await asyncpg.connect(dsn)
     try:
@@ -74,7 +75,7 @@ async def test_postgres_restart_keeps_committed_rows() -> None:
     finally:
         await conn.close()
 
-    restart_postgres()
+    private_postgres.restart()
 
     conn = await asyncpg.connect(dsn)
     try:
@@ -108,10 +109,10 @@ async def test_mongodb_insert_find_and_unique_index() -> None:
         await client.close()
 
 
-async def test_mongodb_fail_point_closes_the_connection_once() -> None:
+async def test_mongodb_fail_point_closes_the_connection_once(private_mongodb: PrivateMongoDB) -> None:
     # retryWrites=False: with retries on, the driver would quietly resend the failed insert.
     client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(
-        _mongodb_url(), serverSelectionTimeoutMS=5000, retryWrites=False
+        private_mongodb.url, serverSelectionTimeoutMS=5000, retryWrites=False
     )
     try:
         coll = client[_name('failpoint')]['items']
@@ -135,13 +136,13 @@ async def test_mongodb_fail_point_closes_the_connection_once() -> None:
         await client.close()
 
 
-async def test_mongodb_restart_keeps_written_documents() -> None:
-    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(_mongodb_url(), serverSelectionTimeoutMS=10000)
+async def test_mongodb_restart_keeps_written_documents(private_mongodb: PrivateMongoDB) -> None:
+    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(private_mongodb.url, serverSelectionTimeoutMS=10000)
     try:
         coll = client[_name('restart')]['items']
         await coll.insert_many([{'n': 1}, {'n': 2}])
 
-        restart_mongodb()
+        private_mongodb.restart()
 
         # The same client reconnects on its own.
         assert await coll.count_documents({}) == 2

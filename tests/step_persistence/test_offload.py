@@ -16,7 +16,7 @@ from pydantic_ai_steps.step_persistence import FileStepStore, RunRecord, SqliteS
 from pydantic_ai_steps.store.backends import _offload as offload_module
 from pydantic_ai_steps.store.backends._offload import held, run_blocking, run_soon
 from pydantic_ai_steps.store.backends.file import _backend as file_module
-from pydantic_ai_steps.store.backends.sqlite import _backend as sqlite_module
+from pydantic_ai_steps.store.backends.sqlite import _connection as sqlite_module
 from pydantic_ai_steps.testing.step_store import dump, tool_cycle
 from pydantic_ai_steps.testing.step_store import snapshot as make_snapshot
 

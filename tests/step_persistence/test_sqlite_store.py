@@ -17,7 +17,7 @@ from pydantic_ai_steps.step_persistence import (
     StepEvent,
     ToolEffectRecord,
 )
-from pydantic_ai_steps.store.backends.sqlite import _backend as sqlite_module
+from pydantic_ai_steps.store.backends.sqlite import _connection as sqlite_module
 from pydantic_ai_steps.testing.step_store import T0, dump
 
 from .builders import history, snap
@@ -101,6 +101,20 @@ async def test_durable_chooses_the_synchronous_level(tmp_path: Path, durable: bo
     assert conn is not None
     assert conn.execute('PRAGMA synchronous').fetchone()[0] == level
     assert conn.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+    store.close()
+
+
+async def test_a_durable_store_sets_its_busy_timeout_once(tmp_path: Path) -> None:
+    """Every call of a durable store waits on a worker: no two PRAGMAs per call to switch the timeout."""
+    store = SqliteStepStore(database=tmp_path / 's.db', media_store=None, durable=True)
+    await store.register_run(RunRecord(run_id='r'))
+    conn = store.backend._connection  # type: ignore[attr-defined]  # pyright: ignore
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    for step in (1, 2, 3):
+        await store.save_snapshot(snap('r', history(step), step))
+    assert statements and not [text for text in statements if 'busy_timeout' in text]
+    assert conn.execute('PRAGMA busy_timeout').fetchone()[0] == 30_000
     store.close()
 
 

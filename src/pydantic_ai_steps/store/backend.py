@@ -18,7 +18,8 @@ The contract, checked by `pydantic_ai_steps.testing.backend.BackendConformance`:
   - `STALE` when `snapshot.expected_log_size` is set and the log does not end there (another
     writer extended it): nothing written;
   - `SUPPRESSED` when the snapshot's idempotency key was claimed before (claims outlive the
-    snapshot): the snapshot and its appends are not written, the rest of the batch is;
+    snapshot), whatever `expected_log_size` says (a replay comes after its own appends): the
+    snapshot and its appends are not written, the rest of the batch is;
   - otherwise the log size after the appends (or `None` when the batch has no snapshot).
 - Log texts are opaque strings and are stored byte for byte: no JSON column that reorders keys,
   no parsed sub-document. Patches address members of an earlier text by position.

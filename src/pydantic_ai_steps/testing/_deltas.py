@@ -96,11 +96,11 @@ class DeltaConformance:
         first = delta(run_id, history, full(history), idempotency_key='0:1:complete')
         event = StepEvent(run_id=run_id, kind='tool_call_completed', step_index=1, timestamp=T0, idempotency_key='k')
         answers = [await writer.write_snapshot_delta(first, events=[event]) for _ in range(2)]
-        assert answers[0] == answers[1]
+        assert answers[0] == answers[1], answers
         history.append(ModelResponse(parts=[TextPart('done')], timestamp=T0))
         second = delta(run_id, history, full(history, [3]), step_index=2, expected_log_size=3, idempotency_key='1')
         answers = [await writer.write_snapshot_delta(second) for _ in range(2)]
-        assert answers[0] == answers[1]
+        assert answers[0] == answers[1], answers
         assert answers[0].log_size == 4
         assert len(await all_snapshots(store, run_id)) == 2
         assert len(await store.list_events(run_id=run_id)) == 1

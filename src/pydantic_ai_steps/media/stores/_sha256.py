@@ -1,4 +1,4 @@
-"""Hashing a large payload on a thread of its own while the store writes or reads it."""
+"""Hashing a payload off the event loop, or on a thread of its own while the store writes or reads it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,17 @@ import hashlib
 import queue
 import threading
 
+import anyio.to_thread
+
 HASH_ON_A_THREAD_BYTES = 1 << 20
 """Payloads at least this large are hashed on a thread of their own, overlapping their I/O."""
+
+
+async def sha256_hex(data: bytes) -> str:
+    """Hash off the event loop when it would block it noticeably (hashlib releases the GIL)."""
+    if len(data) < HASH_ON_A_THREAD_BYTES:
+        return hashlib.sha256(data).hexdigest()
+    return await anyio.to_thread.run_sync(lambda: hashlib.sha256(data).hexdigest())
 
 
 class Sha256Thread:

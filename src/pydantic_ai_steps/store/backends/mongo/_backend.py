@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, TypeGuard
 
@@ -74,6 +74,7 @@ from ...backend import (
     Probe,
     Row,
     SnapshotRow,
+    SnapshotWrite,
     WriteBatch,
 )
 from ...codec import EFFECT_FIELDS, Encoding
@@ -319,10 +320,21 @@ class MongoBackend:
             )
             claim = await self._claim(run_id, plan.needs[run_id], expected)
             if claim is None:
+                if batch.snapshot is not None and await self._key_claimed(batch.snapshot):
+                    # A replay whose snapshot landed before: suppressed wherever the log ends now,
+                    # and the rest of the batch written (nothing was claimed yet: this run comes first).
+                    await self.commit(replace(batch, snapshot=None))
+                    return SUPPRESSED
                 return STALE
             claims[run_id] = claim
         writes, log_size = plan.writes(claims)
         return await self._apply(writes, log_size)
+
+    async def _key_claimed(self, write: SnapshotWrite) -> bool:
+        if write.key is None:
+            return False
+        selector = {'run_id': write.run_id, 'idempotency_key': {'$eq': write.key, '$type': 'string'}}
+        return await self._collection(SNAPSHOTS).find_one(selector, projection={'_id': 1}) is not None
 
     async def _claim(self, run_id: str, needs: _Needs, expected_log: int | None) -> _Claim | None:
         """Reserve the run's numbers (see the module docs); `None` when its log does not end at `expected_log`."""
@@ -379,6 +391,7 @@ class MongoBackend:
                     raise RunAlreadyExistsError(str(write.run_id)) from None
                 if write.role == 'snapshot':  # its key was claimed before: write the rest
                     outcome, start = SUPPRESSED, index + 1
+                    await self._withdraw([w for w in writes[:index] if w.role == 'append'])
                 elif write.role == 'event':  # the same keyed event, inserted by another writer just now
                     start = index + 1
                 elif write.role == 'effect' and retries < 3:  # two first upserts of one call: now it matches
@@ -389,6 +402,20 @@ class MongoBackend:
                 else:  # 'reset', 'guard': the run was deleted while this batch was being written
                     await self._undo(writes[:index])
                     raise RunNotFoundError(str(write.run_id)) from None
+
+    async def _withdraw(self, appends: Sequence[Write]) -> None:
+        """Take back the appends of a suppressed snapshot, as the contract has it write none: remove them,
+        and move the run's log end back over them unless a writer reserved more since (then they are a
+        gap, which the next write of this run answers as stale)."""
+        if not appends:
+            return
+        run_id = str(appends[0].run_id)
+        end = max(int(write.document['log_index']) for write in appends) + 1
+        with contextlib.suppress(PyMongoError, WriteFailed):  # what stays is entries no snapshot names
+            await self.writer.apply([Write(LOG, 'delete_many', {'_id': {'$in': [w.document['_id'] for w in appends]}})])
+            await self._collection(COUNTERS).update_one(
+                {'_id': counter_id(run_id), 'log': end}, {'$inc': {'log': -len(appends)}}
+            )
 
     async def _catch_up(self, run_id: str) -> None:
         """Move the run's counter past the highest log index stored, so the next claim cannot collide again."""

@@ -23,7 +23,8 @@ from ...._errors import check_bool
 from ...._sqlite import require_cross_thread_use
 from ....media._protocol import MediaStore
 from ...base import StepStoreBase
-from ._backend import SqliteBackend, database_file
+from ._backend import SqliteBackend
+from ._connection import database_file
 
 __all__ = ['SqliteStepStore']
 

@@ -1,0 +1,217 @@
+"""The SQLite backend's connection: one per store, opened lazily, used under a lock, checkpointed aside.
+
+Why one long-lived connection: opening a connection and setting its pragmas costs more than
+most of the statements a hook runs, and `sqlite3` executes one statement at a time per connection
+anyway. The connection is opened lazily on a worker thread with `check_same_thread=False` and
+every call holds the backend's lock while it uses it. Writers in other processes are serialized
+by SQLite itself (`BEGIN IMMEDIATE`, 30 s busy timeout); WAL lets readers run alongside.
+
+Calls are tried on the event loop first (`_offload.run_soon`): the connection's busy timeout is 0
+there, so a write lock held elsewhere raises at once and the call moves to a worker thread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from ...._sqlite import BackgroundCheckpointer, enable_wal, open_database, write_transaction
+from .._offload import WouldBlock, acquire, may_wait, run_blocking, run_soon
+from ._schema import SCHEMA_VERSION, Columns, check_readable, migrate, schema_version
+
+_R = TypeVar('_R')
+_SAVEPOINT = 'pydantic_ai_steps_store'
+_BUSY_TIMEOUT_MS = 30_000
+"""How long a call on a worker thread waits for another connection's write lock."""
+_CHECKPOINT_EVERY = 64
+"""Commits between background WAL checkpoints on the store's own connection. A tool cycle's commit
+writes about a dozen pages, so 64 of them stay well under `WAL_LIMIT_BYTES` and the checkpoint
+never has to run inside a call (SQLite's own default, 1000 pages, is about as often)."""
+WAL_LIMIT_BYTES = 4 << 20
+"""A WAL file larger than this when a checkpoint is due is checkpointed and truncated on the store's
+own connection, between two of its writes; `journal_size_limit` truncates it to this size whenever
+SQLite starts it over. (See `docs/design.md` for what the bound costs per step.)"""
+
+
+class SqliteConnection:
+    """The connection plumbing of `SqliteBackend`: open, migrate, offload, busy timeout, checkpoints.
+
+    `_run(body)` is the one way the backend reaches the connection; `_write` is its write transaction.
+    """
+
+    def __init__(self, *, database: str | None, connection: sqlite3.Connection | None, durable: bool) -> None:
+        self._database = database
+        self._connection = connection
+        self._owns_connection = connection is None
+        self.durable = durable
+        self.lock = threading.Lock()
+        """Serializes every use of the connection (a `SqliteMediaStore` sharing it takes it too)."""
+        self._migrated = False
+        self._columns: Columns | None = None
+        self._commits_since_checkpoint = 0
+        self._busy_timeout_set = False
+        """Whether the own connection waits for a held write lock (it must not on the event loop)."""
+        self._wal_too_long = False
+        self._checkpointer = BackgroundCheckpointer.for_database(database, 'pydantic-ai-steps-checkpoint')
+
+    @property
+    def database(self) -> str | None:
+        return self._database
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection this backend opened (a caller's connection is left open); wait for a
+        background checkpoint. A later call reopens it."""
+        with self.lock:
+            if self._owns_connection and self._connection is not None:
+                self._connection.close()
+                self._connection = None
+                self._migrated = False
+                self._columns = None
+        if self._checkpointer is not None:
+            self._checkpointer.wait()
+
+    async def aclose(self) -> None:
+        await run_blocking(self.close)
+
+    # --- connection plumbing ----------------------------------------------------------------
+
+    async def _run(self, body: Callable[[sqlite3.Connection], _R], *, write: bool = False, inline: bool = True) -> _R:
+        """Run `body` on the connection: tried on the event loop first when `inline` (see `_offload`).
+
+        Only the store's own connection is tried there, and not when `durable` (each commit then
+        waits for the disk). A caller's `connection=` keeps whatever busy timeout the caller set,
+        so its calls always go to a worker.
+        """
+        inline = inline and self._owns_connection and not self.durable
+        return await run_soon(self._locked, body, write, inline=inline)
+
+    def _locked(self, body: Callable[[sqlite3.Connection], _R], write: bool) -> _R:
+        acquire(self.lock)
+        try:
+            if may_wait():
+                return self._waiting(body, write)
+            return self._without_waiting(body, write)
+        finally:
+            self.lock.release()
+
+    def _waiting(self, body: Callable[[sqlite3.Connection], _R], write: bool) -> _R:
+        """On a worker thread: wait for the write lock up to the busy timeout; checkpoint when due."""
+        conn = self._conn(write)
+        if not self._owns_connection:
+            return body(conn)
+        if not self._busy_timeout_set:
+            conn.execute(f'PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}')
+            self._busy_timeout_set = True
+        try:
+            if self._wal_too_long and self._checkpointer is not None:
+                self._checkpointer.wait()  # a running checkpoint would make this one give up at once
+                conn.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchall()
+                self._wal_too_long = False
+            return body(conn)
+        finally:
+            # The event loop's calls need a busy timeout of 0 (see `_without_waiting`); a durable
+            # store never makes any, so its connection keeps the timeout between calls.
+            if not self.durable:
+                conn.execute('PRAGMA busy_timeout = 0')
+                self._busy_timeout_set = False
+            self._checkpoint_when_due()
+
+    def _without_waiting(self, body: Callable[[sqlite3.Connection], _R], write: bool) -> _R:
+        """On the event loop: the connection's busy timeout is 0, so a held write lock raises at once."""
+        conn = self._connection
+        if (
+            conn is None
+            or self._busy_timeout_set
+            or self._wal_too_long
+            or (write and not self._migrated)
+            or (not write and self._columns is None)
+        ):
+            raise WouldBlock  # opening, migrating and a checkpoint on this connection are a worker's job
+        try:
+            return body(conn)
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                raise
+            if conn.in_transaction:  # the store's own connection: any open transaction is ours
+                conn.execute('ROLLBACK')
+            raise WouldBlock from None
+        finally:
+            self._checkpoint_when_due()
+
+    def _checkpoint_when_due(self) -> None:
+        """Every `_CHECKPOINT_EVERY` commits, have the WAL checkpointed on a thread of its own."""
+        if self._commits_since_checkpoint >= _CHECKPOINT_EVERY:
+            self._commits_since_checkpoint = 0
+            if self._checkpointer is not None:
+                self._wal_too_long = self._checkpointer.wal_bytes() > WAL_LIMIT_BYTES
+                if not self._wal_too_long:
+                    self._checkpointer.request()
+
+    def _conn(self, write: bool) -> sqlite3.Connection:
+        """The connection, opened on first use and migrated by the first write. Call under the lock."""
+        conn = self._connection
+        if conn is None:
+            assert self._database is not None
+            conn = open_database(self._database, durable=self.durable, timeout=_BUSY_TIMEOUT_MS / 1000)
+            self._busy_timeout_set = True
+            conn.execute(f'PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}')
+            # Checkpoints flush to disk: they run on a thread of their own every
+            # `_CHECKPOINT_EVERY` commits, never inside a commit (see `BackgroundCheckpointer`).
+            conn.execute('PRAGMA wal_autocheckpoint = 0')
+            self._connection = conn
+        if write and not self._migrated:
+            if not self._owns_connection and not conn.in_transaction:
+                # A shared connection gets WAL too (a property of the database file, so it sticks);
+                # its synchronous level is the caller's, unless this store was asked to be durable.
+                enable_wal(conn)
+                if self.durable:
+                    conn.execute('PRAGMA synchronous=FULL')
+            if schema_version(conn) != SCHEMA_VERSION:
+                with self._write(conn, immediate=True):
+                    migrate(conn)
+            migrated = not conn.in_transaction or self._owns_connection
+            self._migrated = migrated
+            self._columns = Columns.read(conn) if migrated else None
+        elif self._columns is None:
+            version = schema_version(conn)
+            check_readable(version)
+            self._columns = Columns.read(conn)
+            self._migrated = version == SCHEMA_VERSION
+        return conn
+
+    def _view(self, conn: sqlite3.Connection) -> Columns:
+        if self._columns is None:
+            self._conn(False)
+        assert self._columns is not None
+        return self._columns
+
+    @contextmanager
+    def _write(self, conn: sqlite3.Connection, *, immediate: bool = False) -> Generator[None]:
+        """A write transaction that takes the write lock up front (see `write_transaction`).
+
+        A single statement on the store's own (autocommit) connection needs no transaction at
+        all. On a shared connection already inside a transaction of the caller's, the work goes in
+        a savepoint and commits (or not) with the caller's transaction.
+        """
+        if self._owns_connection:
+            self._commits_since_checkpoint += 1
+            if not immediate:
+                yield
+                return
+        with write_transaction(conn, _SAVEPOINT):
+            yield
+
+
+def database_file(connection: sqlite3.Connection | None) -> str | None:
+    """The file behind a connection's main database; `None` for an in-memory or temporary one."""
+    if connection is None:
+        return None
+    for _, name, path in connection.execute('PRAGMA database_list').fetchall():
+        if name == 'main':
+            return path or None
+    return None  # pragma: no cover - every connection has a main database

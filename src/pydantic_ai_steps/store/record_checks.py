@@ -1,0 +1,132 @@
+"""The records a store accepts for writing, and the run queries it accepts for reading.
+
+Every record of a write is checked before anything is written, so a bad field raises
+`InvalidRecordError` (a `ValueError`) naming it and the store holds nothing of that write. The
+field rules themselves (run ids, string maps, JSON maps) are `_errors.py`'s; these checks say
+which fields each record has. `run_ids` collects the runs a write's records belong to, each run
+id checked once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from .._errors import InvalidRecordError, check_json_map, check_optional_str, check_run_id, check_str_map
+from .._records import (
+    EVENT_KINDS,
+    SNAPSHOT_STATES,
+    TOOL_EFFECT_STATUSES,
+    ContinuableSnapshot,
+    RunQuery,
+    RunRecord,
+    StepEvent,
+    ToolEffectRecord,
+)
+from .protocol import SnapshotDelta
+
+
+def checked_run(record: RunRecord) -> RunRecord:
+    check_run_id(record.run_id)
+    for name in ('conversation_id', 'parent_run_id', 'agent_name', 'registration_id', 'pydantic_ai_run_id'):
+        check_optional_str(getattr(record, name), f'RunRecord.{name}')
+    check_optional_str(record.parent_tool_call_id, 'RunRecord.parent_tool_call_id')
+    check_str_map(record.metadata, 'RunRecord.metadata')
+    check_json_map(record.run_metadata, 'RunRecord.run_metadata')
+    _check_time(record.started_at, 'RunRecord.started_at')
+    return record
+
+
+def checked_event(event: StepEvent, run_ids: set[str]) -> StepEvent:
+    if event.run_id not in run_ids:
+        check_run_id(event.run_id)
+        run_ids.add(event.run_id)
+    if event.kind not in EVENT_KINDS:
+        raise InvalidRecordError(f'StepEvent.kind must be one of {sorted(EVENT_KINDS)}, got {event.kind!r}')
+    if isinstance(event.step_index, bool) or not isinstance(event.step_index, int):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidRecordError(f'StepEvent.step_index must be an int, got {event.step_index!r}')
+    if event.metadata:
+        check_str_map(event.metadata, 'StepEvent.metadata')
+    _check_time(event.timestamp, 'StepEvent.timestamp')
+    return event
+
+
+def checked_effect(record: ToolEffectRecord, run_ids: set[str]) -> ToolEffectRecord:
+    if record.run_id not in run_ids:
+        check_run_id(record.run_id)
+        run_ids.add(record.run_id)
+    if record.status not in TOOL_EFFECT_STATUSES:
+        raise InvalidRecordError(
+            f'ToolEffectRecord.status must be one of {sorted(TOOL_EFFECT_STATUSES)}, got {record.status!r}'
+        )
+    if not isinstance(record.tool_call_id, str) or not isinstance(record.tool_name, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidRecordError(
+            f'ToolEffectRecord.tool_call_id and tool_name must be strings, got {record.tool_call_id!r}, '
+            f'{record.tool_name!r}'
+        )
+    _check_time(record.started_at, 'ToolEffectRecord.started_at')
+    return record
+
+
+def checked_snapshot(snapshot: ContinuableSnapshot, run_ids: set[str]) -> None:
+    if snapshot.run_id not in run_ids:
+        check_run_id(snapshot.run_id)
+        run_ids.add(snapshot.run_id)
+    if snapshot.state not in SNAPSHOT_STATES:
+        raise InvalidRecordError(
+            f'ContinuableSnapshot.state must be one of {sorted(SNAPSHOT_STATES)}, got {snapshot.state!r}'
+        )
+    if not isinstance(snapshot.messages, list):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidRecordError(f'ContinuableSnapshot.messages must be a list, got {type(snapshot.messages).__name__}')
+    _check_time(snapshot.timestamp, 'ContinuableSnapshot.timestamp')
+
+
+def checked_delta(delta: SnapshotDelta) -> None:
+    check_run_id(delta.run_id)
+    if delta.state not in SNAPSHOT_STATES:
+        raise InvalidRecordError(f'SnapshotDelta.state must be one of {sorted(SNAPSHOT_STATES)}, got {delta.state!r}')
+    for name in ('step_index', 'message_count'):
+        value = getattr(delta, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidRecordError(f'SnapshotDelta.{name} must be an int >= 0, got {value!r}')
+    expected: object = delta.expected_log_size
+    if expected is not None and (isinstance(expected, bool) or not isinstance(expected, int) or expected < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidRecordError(f'SnapshotDelta.expected_log_size must be an int >= 0 or None, got {expected!r}')
+    for append in delta.appends:
+        position, text = append
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < delta.message_count:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise InvalidRecordError(
+                f'SnapshotDelta.appends positions must be ints in [0, message_count={delta.message_count}), '
+                f'got {position!r}'
+            )
+        if not isinstance(text, str) or not text.startswith('{'):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise InvalidRecordError(f'SnapshotDelta.appends texts must be JSON object texts, got {str(text)[:80]!r}')
+    check_optional_str(delta.idempotency_key, 'SnapshotDelta.idempotency_key')
+    _check_time(delta.timestamp, 'SnapshotDelta.timestamp')
+
+
+def _check_time(value: object, what: str) -> None:
+    if not isinstance(value, datetime):
+        raise InvalidRecordError(f'{what} must be a datetime, got {value!r}')
+
+
+def checked_query(query: RunQuery) -> RunQuery:
+    """Reject a query whose filters have the wrong types, naming the filter."""
+    for name in ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id'):
+        check_optional_str(getattr(query, name), name)
+    if query.status is not None and query.status not in ('completed', 'failed', 'unfinished'):
+        raise ValueError(f"status must be 'completed', 'failed' or 'unfinished', got {query.status!r}")
+    for name in ('started_after', 'started_before', 'ended_before'):
+        value = getattr(query, name)
+        if value is not None and not isinstance(value, datetime):
+            raise ValueError(f'{name} must be a datetime, got {value!r}')
+    limit: object = query.limit
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError(f'limit must be an int >= 0 or None, got {query.limit!r}')
+    if query.metadata is not None:
+        check_str_map(query.metadata, 'metadata')
+    for key, value in (query.run_metadata or {}).items():
+        if not isinstance(key, str) or not (value is None or isinstance(value, str | int | float | bool)):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(
+                f'run_metadata filters compare JSON scalars (str, int, float, bool, None), got {key!r}: {value!r}'
+            )
+    return query
