@@ -2,7 +2,8 @@
 whose time follows the runs it removes, not the store's size.
 
 1. Fill a store with 2,000 runs, each a few tool cycles and one image of a pool (half the images
-   are unique to their run, half shared by several runs), half of the runs closed 40 days ago.
+   are unique to their run, half shared by several runs, old and new or old only), half of the runs
+   closed 40 days ago.
    `prune(older_than=30 days)` then removes those 1,000; `collect_garbage(grace=0)` removes the
    blobs only they referenced. Prints the files' size before and after, and checks that exactly
    the unreferenced blobs went.
@@ -74,16 +75,19 @@ async def write_run(store: SqliteStepStore, run_id: str, picture: BinaryContent 
 async def disk_and_garbage(runs: int, root: Path) -> None:
     store = SqliteStepStore(database=root / 'steps.db')
     shared = [image(seed) for seed in range(50)]
-    expected_gone: set[int] = set()
+    kept_by: dict[int, set[bool]] = {}
+    """Image seed -> whether each run referencing it is old: it must go exactly when all are."""
     for index in range(runs):
         old = index % 2 == 0
         if index % 4 < 2:  # a unique image: it goes when its run goes
-            picture = image(10_000 + index)
-            if old:
-                expected_gone.add(10_000 + index)
-        else:  # one of 50 shared images, referenced by old and new runs alike
-            picture = shared[index % 50]
+            seed = 10_000 + index
+            picture = image(seed)
+        else:  # one of 50 shared images: 0-24 referenced by old and new runs, 25-49 by old runs only
+            seed = (index // 4) % (50 if old else 25)
+            picture = shared[seed]
+        kept_by.setdefault(seed, set()).add(old)
         await write_run(store, f'run-{index}', picture, age_days=40 if old else 1)
+    expected_gone = {seed for seed, ages in kept_by.items() if ages == {True}}
     await store.aclose()
     before = files_size(root)
     store = SqliteStepStore(database=root / 'steps.db')
