@@ -10,23 +10,23 @@ import anyio
 from pydantic_ai import CallToolsNode, ModelRequestNode
 from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
 from pydantic_ai.exceptions import UserError
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.messages import ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from pydantic_graph import End
 
-from .._errors import InvalidRecordError, check_json_map, check_optional_str, check_run_id, check_str_map
-from .._records import TOOL_ARGS_LIMIT, EventKind, RunRecord, SnapshotState
+from .._records import TOOL_ARGS_LIMIT, EventKind
 from ..store.backends.memory import InMemoryStepStore
 from ..store.protocol import RecordBatchStore, StepStore
 from . import _context
-from ._events import SnapshotSaved
-from ._histories import describe_exit, describe_tool_error, origin_of, same_messages, with_output_tool_returns
+from ._histories import describe_exit, describe_tool_error, with_output_tool_returns
 from ._internals import Engine, engine_free, journaling, records_batched, workflow_engine
+from ._lineage import parent_of, run_record
 from ._operations import StoreOperations
 from ._run_ids import derive_run_id
-from ._validity import ProviderValidity
+from ._snapshots import Snapshots
+from ._spec import check_arguments, store_from_spec
 from ._writers import BatchingWriter, ImmediateWriter, OperationSink, StoreSink, Writer
 
 logger = logging.getLogger('pydantic_ai_steps')
@@ -71,27 +71,14 @@ class StepPersistence(StoreOperations[AgentDepsT]):
     _derived_from: tuple[str | None, str | None] | None = field(default=None, init=False, repr=False)
     """`(agent_name, pydantic-ai run id)` when the run id was derived, so a clash can draw again."""
     _writer: Writer | None = field(default=None, init=False, repr=False)
+    _snapshots: Snapshots = field(init=False, repr=False, compare=False)
     _event_sequence: int = field(default=0, init=False, repr=False)
-    _snapshot_sequence: int = field(default=0, init=False, repr=False)
-    _last_saved: list[ModelMessage] | None = field(default=None, init=False, repr=False)
-    _validity: ProviderValidity = field(default_factory=ProviderValidity, init=False, repr=False)
     _last_request_step: int | None = field(default=None, init=False, repr=False)
     _output_tool_names: frozenset[str] = field(default=frozenset[str](), init=False, repr=False)
-    _final_boundary: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
-    """The run's last boundary (history, step), written with `run_completed` by `after_run`."""
-    _input: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
-    """The history of the run's first model request: saved before its first tool runs, or at a failure."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.store, StepStore):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise TypeError(f'store must be a StepStore (for example SqliteStepStore), got {self.store!r}')
-        check_optional_str(self.agent_name, 'agent_name')
-        check_optional_str(self.parent_run_id, 'parent_run_id')
-        if self.run_id is not None:
-            check_run_id(self.run_id)
-        self.metadata = check_str_map(self.metadata, 'metadata')
-        if not isinstance(self.capture_frontier, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise InvalidRecordError(f'capture_frontier must be True or False, got {self.capture_frontier!r}')
+        self.metadata = check_arguments(self)
+        self._snapshots = Snapshots(self)
 
     @classmethod
     def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence[Any]:
@@ -103,10 +90,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         """
         if args:
             raise TypeError(f'StepPersistence.from_spec takes keyword arguments only, got positional {args!r}')
-        from ._spec import store_from_spec
-
-        store = store_from_spec(kwargs)
-        return cls(store=store, **kwargs)
+        return cls(store=store_from_spec(kwargs), **kwargs)
 
     def compaction_transcript_handle(self) -> str | None:
         """The run id under which this run's history is persisted (`None` before a run starts).
@@ -119,7 +103,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> StepPersistence[AgentDepsT]:
         """A fresh instance per run, so counters and run ids never leak between runs."""
-        parent = self.parent_run_id if self.parent_run_id is not None else _context.current_run_id.get()
+        parent = parent_of(self.parent_run_id)
         run_id = self.run_id or derive_run_id(self.agent_name, ctx.run_id, attempt=0)
         agent_name = self.agent_name
         if agent_name is None and ctx.agent is not None:
@@ -174,61 +158,6 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         fields = self._event_fields(ctx, self._run_id, kind, **extra)
         await self._out.event(ctx, fields, now=kind in _OPENING_AND_CLOSING and not defer)
 
-    async def _save_input(self, ctx: RunContext[AgentDepsT]) -> None:
-        """Save the run's input (the history and prompt of its first request) as a continuable point.
-
-        Written with the first tool call's ledger entry, or at a failure, so a run that dies before
-        its first boundary can still be continued from where it began. A run that ends without
-        tool calls does not need it: its final snapshot supersedes it.
-        """
-        if self._input is None:
-            return
-        messages, step = self._input
-        self._input = None
-        await self._snapshot(ctx, messages, step, announce=False)
-
-    async def _snapshot(
-        self,
-        ctx: RunContext[AgentDepsT],
-        messages: list[ModelMessage],
-        step_index: int,
-        *,
-        valid: bool | None = None,
-        announce: bool = True,
-    ) -> None:
-        if valid is None:
-            valid = self._validity.check(messages)
-        state: SnapshotState = 'complete' if valid else 'interrupted'
-        index = self._snapshot_sequence
-        self._snapshot_sequence += 1
-        fields: dict[str, Any] = {
-            'run_id': self._run_id,
-            'step_index': step_index,
-            'messages': messages,
-            'conversation_id': ctx.conversation_id,
-            'parent_run_id': self.parent_run_id,
-            'agent_name': self.agent_name,
-            'state': state,
-            'snapshot_index': index,
-        }
-        if not announce:
-            await self._out.snapshot(ctx, fields, defer=True)
-            return
-        await self._out.snapshot(ctx, fields)
-        self._last_saved = messages
-        await ctx.emit(
-            SnapshotSaved(
-                persistence_run_id=self._run_id, conversation_id=ctx.conversation_id, step_index=step_index, state=state
-            )
-        )
-
-    async def _write_final_boundary(self, ctx: RunContext[AgentDepsT]) -> None:
-        """Write the last boundary's snapshot if it is still waiting for `after_run`."""
-        if self._final_boundary is not None:
-            messages, step = self._final_boundary
-            self._final_boundary = None
-            await self._snapshot(ctx, messages, step, valid=True)
-
     # --- run lifecycle ----------------------------------------------------------------------
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
@@ -254,57 +183,19 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         """Record `run_failed` for an exit no other hook saw; never mask the error that ended the run."""
         with anyio.CancelScope(shield=True):
             try:
-                await self._write_final_boundary(ctx)
+                await self._snapshots.write_final_boundary(ctx)
                 await self._record(ctx, 'run_failed', error=describe_exit(error))
             except Exception:
                 logger.warning('could not record run_failed for run %r', self.run_id, exc_info=True)
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
         """Choose how to write, then register the run (with `run_started`)."""
-        self._writer = await self._choose_writer(ctx)
-        origin = origin_of(ctx.messages)
-        record = RunRecord(
-            run_id=self._run_id,
-            conversation_id=ctx.conversation_id,
-            parent_run_id=self.parent_run_id,
-            agent_name=self.agent_name,
-            metadata=dict(self.metadata),
-            pydantic_ai_run_id=ctx.run_id,
-            run_metadata=check_json_map(ctx.metadata, 'Agent.run(metadata=...)'),
-            parent_tool_call_id=_context.current_tool_call_id.get() if self.parent_run_id is not None else None,
-            continued_from=origin[1] if origin is not None and origin[0] == 'continued' else None,
-            forked_from=origin[1] if origin is not None and origin[0] == 'forked' else None,
-        )
+        self._writer = await _choose_writer(self, ctx)
+        record = run_record(ctx, self._run_id, self.parent_run_id, self.agent_name, self.metadata)
         run_id = await self._out.register(ctx, record, lambda run_id: self._event_fields(ctx, run_id, 'run_started'))
         if run_id != self.run_id:
             self.run_id = run_id
             _context.current_run_id.set(run_id)
-
-    async def _choose_writer(self, ctx: RunContext[AgentDepsT]) -> Writer:
-        """Batched whenever replay allows it; refuse a workflow that would journal none of the writes.
-
-        - An engine dispatches this capability's operations and journals them now (inside its
-          workflow): one `write_records` operation per write (unless the workflow was recorded
-          with the single-record operations, which it then replays).
-        - Nothing journals the writes: straight to the store, batched if it has `write_records`.
-          Inside an engine's workflow that would be wrong: the engine runs the workflow's code
-          again after a crash, and the run would be registered and recorded a second time, so
-          the run is refused before anything is written (the deprecated wrapper agents register
-          no operations; pydantic-ai's durability capabilities do).
-        """
-        store = self.store
-        if engine_free(ctx, self.id) or not journaling(ctx):
-            engine = workflow_engine() if engine_free(ctx, self.id) else None
-            if engine is not None:
-                raise UserError(_unjournaled_message(engine, self.id))
-            return (
-                BatchingWriter(self, StoreSink(self, store))
-                if isinstance(store, RecordBatchStore)
-                else ImmediateWriter(self)
-            )
-        if await records_batched(ctx, self.id):
-            return BatchingWriter(self, OperationSink(self, ctx, store))
-        return ImmediateWriter(self)
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         """Save the final history unless the last boundary snapshot already holds it.
@@ -314,21 +205,15 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         request, as `Agent.run` would have saved them.
         """
         messages = with_output_tool_returns(result.all_messages(), self._output_tool_names)
-        step: int | None = None
-        if self._final_boundary is not None and same_messages(self._final_boundary[0], messages):
-            step = self._final_boundary[1]  # the last boundary's snapshot, written now
-            self._final_boundary = None
-        else:
-            await self._write_final_boundary(ctx)
-            if not same_messages(self._last_saved, messages) and self._validity.check(messages):
-                step = self._last_request_step if self._last_request_step is not None else ctx.run_step
+        last_request = self._last_request_step if self._last_request_step is not None else ctx.run_step
+        step = await self._snapshots.final_step(ctx, messages, last_request)
         if step is None:
             await self._record(ctx, 'run_completed')
         elif self._out.defers_final_boundary:  # the closing event goes with the final snapshot
             await self._record(ctx, 'run_completed', defer=True)
-            await self._snapshot(ctx, messages, step, valid=True)
+            await self._snapshots.save(ctx, messages, step, valid=True)
         else:
-            await self._snapshot(ctx, messages, step, valid=True)
+            await self._snapshots.save(ctx, messages, step, valid=True)
             await self._record(ctx, 'run_completed')
         return result
 
@@ -336,15 +221,15 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         """Save the live history at the failure (state by validity), then record `run_failed`."""
         if self._writer is None or not self._writer.registered:
             raise error  # nothing was written (a refused or failed registration): nothing to close
-        await self._save_input(ctx)
-        await self._write_final_boundary(ctx)
+        await self._snapshots.save_input(ctx)
+        await self._snapshots.write_final_boundary(ctx)
         stashed = _context.live_history.get()
         if stashed is not None:
             live, step = stashed
             captured = list(live)
             has_response = any(isinstance(message, ModelResponse) for message in captured)
             if has_response or (self.capture_frontier and captured):
-                await self._snapshot(ctx, captured, step)
+                await self._snapshots.save(ctx, captured, step)
         await self._record(ctx, 'run_failed', error=repr(error))
         raise error
 
@@ -355,9 +240,9 @@ class StepPersistence(StoreOperations[AgentDepsT]):
     ) -> ModelRequestContext:
         if self.capture_frontier:
             _context.live_history.set((ctx.messages, ctx.run_step))
-            await self._snapshot(ctx, list(ctx.messages), ctx.run_step)
+            await self._snapshots.save(ctx, list(ctx.messages), ctx.run_step)
         elif self._last_request_step is None:
-            self._input = (list(ctx.messages), ctx.run_step)
+            self._snapshots.input = (list(ctx.messages), ctx.run_step)
         self._last_request_step = ctx.run_step
         output_tools = request_context.model_request_parameters.output_tools
         if output_tools:
@@ -389,7 +274,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         `on_tool_execute_error`; such a call is recorded `failed`, saying it asked for a retry.
         """
         run_id, call_id, name, out = self._run_id, call.tool_call_id, tool_def.name, self._out
-        await self._save_input(ctx)
+        await self._snapshots.save_input(ctx)
         opening = self._event_fields(
             ctx, run_id, 'tool_call_started', tool_call_id=call_id, tool_name=name, tool_args=_args_text(call)
         )
@@ -423,19 +308,47 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         """
         _context.live_history.set((ctx.messages, ctx.run_step))
         if self.capture_frontier and isinstance(node, ModelRequestNode):
-            await self._snapshot(ctx, list(ctx.messages), ctx.run_step)
+            await self._snapshots.save(ctx, list(ctx.messages), ctx.run_step)
         elif isinstance(node, CallToolsNode):
             messages = list(ctx.messages)
             if isinstance(result, ModelRequestNode):
                 messages.append(result.request)
-            if self._validity.check(messages):
+            if self._snapshots.validity.check(messages):
                 if self._out.defers_final_boundary and isinstance(result, End):
-                    self._final_boundary = (messages, ctx.run_step)  # written with `run_completed`
+                    self._snapshots.final_boundary = (messages, ctx.run_step)  # written with `run_completed`
                 else:
-                    await self._snapshot(ctx, messages, ctx.run_step, valid=True)
+                    await self._snapshots.save(ctx, messages, ctx.run_step, valid=True)
             elif isinstance(self._out, BatchingWriter) and self._out.has_closed_entries:
                 await self._out.flush(ctx)  # no settled boundary: close the ledger entries anyway
         return result
+
+
+# --- which writer a run gets; kept in this module, where its probes are looked up (and patched) --
+
+
+async def _choose_writer(persistence: StepPersistence[Any], ctx: RunContext[Any]) -> Writer:
+    """Batched whenever replay allows it; refuse a workflow that would journal none of the writes.
+
+    - An engine dispatches this capability's operations and journals them now (inside its
+      workflow): one `write_records` operation per write (unless the workflow was recorded
+      with the single-record operations, which it then replays).
+    - Nothing journals the writes: straight to the store, batched if it has `write_records`.
+      Inside an engine's workflow that would be wrong: the engine runs the workflow's code
+      again after a crash, and the run would be registered and recorded a second time, so
+      the run is refused before anything is written (the deprecated wrapper agents register
+      no operations; pydantic-ai's durability capabilities do).
+    """
+    store, capability_id = persistence.store, persistence.id
+    if engine_free(ctx, capability_id) or not journaling(ctx):
+        engine = workflow_engine() if engine_free(ctx, capability_id) else None
+        if engine is not None:
+            raise UserError(_unjournaled_message(engine, capability_id))
+        if isinstance(store, RecordBatchStore):
+            return BatchingWriter(persistence, StoreSink(persistence, store))
+        return ImmediateWriter(persistence)
+    if await records_batched(ctx, capability_id):
+        return BatchingWriter(persistence, OperationSink(persistence, ctx, store))
+    return ImmediateWriter(persistence)
 
 
 def _args_text(call: ToolCallPart) -> str | None:

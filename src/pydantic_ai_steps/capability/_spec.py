@@ -1,12 +1,31 @@
-"""Building a store from an agent spec's keyword arguments."""
+"""Building the capability: its arguments checked, and a store from an agent spec's keyword arguments."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._errors import InvalidRecordError, check_optional_str, check_run_id, check_str_map
 from ..store.protocol import StepStore
 
+if TYPE_CHECKING:
+    from ._persistence import StepPersistence
+
 BACKENDS = ('memory', 'file', 'sqlite', 'postgres', 'mongodb')
+
+
+def check_arguments(persistence: StepPersistence[Any]) -> dict[str, str]:
+    """Fail at construction, not mid-run, on an argument of the wrong kind; return `metadata` as kept (a copy)."""
+    p = persistence
+    if not isinstance(p.store, StepStore):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(f'store must be a StepStore (for example SqliteStepStore), got {p.store!r}')
+    check_optional_str(p.agent_name, 'agent_name')
+    check_optional_str(p.parent_run_id, 'parent_run_id')
+    if p.run_id is not None:
+        check_run_id(p.run_id)
+    metadata = check_str_map(p.metadata, 'metadata')
+    if not isinstance(p.capture_frontier, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidRecordError(f'capture_frontier must be True or False, got {p.capture_frontier!r}')
+    return metadata
 
 
 def store_from_spec(kwargs: dict[str, Any]) -> StepStore:

@@ -1,0 +1,111 @@
+"""A run's snapshots: numbered, written, announced, and the two held back until their write is due.
+
+The hooks decide when a boundary is; this decides what its snapshot carries. Held back: the run's
+input (saved with the first tool call's ledger entry, or at a failure) and its last boundary (saved
+with `run_completed`, so a batching writer ends the run in one write).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic_ai.messages import ModelMessage
+from pydantic_ai.tools import RunContext
+
+from .._records import SnapshotState
+from ._events import SnapshotSaved
+from ._histories import same_messages
+from ._validity import ProviderValidity
+
+if TYPE_CHECKING:
+    from ._persistence import StepPersistence
+
+Point = tuple[list[ModelMessage], int]
+"""A history and the step it was taken at."""
+
+
+class Snapshots:
+    """One run's snapshots, written through the capability's writer."""
+
+    def __init__(self, persistence: StepPersistence[Any]) -> None:
+        self._p = persistence
+        self._sequence = 0
+        self._last_saved: list[ModelMessage] | None = None
+        self.validity = ProviderValidity()
+        self.input: Point | None = None
+        """The history of the run's first model request: saved before its first tool runs, or at a failure."""
+        self.final_boundary: Point | None = None
+        """The run's last boundary, written with `run_completed` by `after_run`."""
+
+    async def save(
+        self,
+        ctx: RunContext[Any],
+        messages: list[ModelMessage],
+        step_index: int,
+        *,
+        valid: bool | None = None,
+        announce: bool = True,
+    ) -> None:
+        """Write a snapshot, `complete` if provider-valid; `announce` emits `SnapshotSaved` once it is stored."""
+        p = self._p
+        if valid is None:
+            valid = self.validity.check(messages)
+        state: SnapshotState = 'complete' if valid else 'interrupted'
+        index = self._sequence
+        self._sequence += 1
+        run_id, out = p._run_id, p._out  # pyright: ignore[reportPrivateUsage]
+        fields: dict[str, Any] = {
+            'run_id': run_id,
+            'step_index': step_index,
+            'messages': messages,
+            'conversation_id': ctx.conversation_id,
+            'parent_run_id': p.parent_run_id,
+            'agent_name': p.agent_name,
+            'state': state,
+            'snapshot_index': index,
+        }
+        if not announce:
+            await out.snapshot(ctx, fields, defer=True)
+            return
+        await out.snapshot(ctx, fields)
+        self._last_saved = messages
+        await ctx.emit(
+            SnapshotSaved(
+                persistence_run_id=run_id, conversation_id=ctx.conversation_id, step_index=step_index, state=state
+            )
+        )
+
+    async def save_input(self, ctx: RunContext[Any]) -> None:
+        """Save the run's input (the history and prompt of its first request) as a continuable point.
+
+        So a run that dies before its first boundary can still be continued from where it began. A
+        run that ends without tool calls does not need it: its final snapshot supersedes it.
+        """
+        if self.input is None:
+            return
+        messages, step = self.input
+        self.input = None
+        await self.save(ctx, messages, step, announce=False)
+
+    async def write_final_boundary(self, ctx: RunContext[Any]) -> None:
+        """Write the last boundary's snapshot if it is still waiting for `after_run`."""
+        if self.final_boundary is not None:
+            messages, step = self.final_boundary
+            self.final_boundary = None
+            await self.save(ctx, messages, step, valid=True)
+
+    async def final_step(self, ctx: RunContext[Any], messages: list[ModelMessage], step: int) -> int | None:
+        """The step to save the run's final history at, or `None` when a saved snapshot holds it or
+        it is not provider-valid.
+
+        A waiting last boundary of this very history is saved as the final one, at its own step;
+        one of another history is written first, and the final history goes at `step`.
+        """
+        boundary = self.final_boundary
+        if boundary is not None and same_messages(boundary[0], messages):
+            self.final_boundary = None  # written now, as the final history
+            return boundary[1]
+        await self.write_final_boundary(ctx)
+        if same_messages(self._last_saved, messages) or not self.validity.check(messages):
+            return None
+        return step
