@@ -181,7 +181,8 @@ def install() -> None:
     backend = module('pydantic_ai_steps.store.backends.sqlite._backend')
     time_async(backend.SqliteBackend, 'commit', 'backend commit')
     time_sync(backend.SqliteBackend, '_commit', 'backend commit body')
-    time_sync(backend.SqliteBackend, '_waiting', 'offload: on a worker thread')
+    connection = module('pydantic_ai_steps.store.backends.sqlite._connection')
+    time_sync(connection.SqliteConnection, '_waiting', 'offload: on a worker thread')
 
 
 def sql_label(statement: Statement) -> str:
