@@ -59,11 +59,17 @@ class _Run:
         self.log_end = 0
 
 
+_INDEXED = ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id')
+
+
 class _MemoryBackend:
     encoding = Encoding(native_times=True, native_maps=True)
 
     def __init__(self) -> None:
         self._runs: dict[str, _Run] = {}
+        self._by_field: dict[tuple[str, object], dict[str, None]] = {}
+        """(field, value) -> the ids of the runs registered with it, in registration order: the
+        lineage fields never change once a run is registered, and `list_runs` asks by them."""
         self._seq = itertools.count(1)
 
     async def commit(self, batch: WriteBatch) -> CommitOutcome:
@@ -81,6 +87,9 @@ class _MemoryBackend:
                 return STALE  # a claimed key is suppressed whatever the log end, as the contract orders
         if registering is not None:
             self._runs[registering['run_id']] = _Run({**registering, 'status': None, 'ended_at': None})
+            for name in _INDEXED:
+                if (value := registering[name]) is not None:
+                    self._by_field.setdefault((name, value), {})[registering['run_id']] = None
         outcome: CommitOutcome = None
         if write is not None:
             run = self._runs[write.run_id]
@@ -114,12 +123,11 @@ class _MemoryBackend:
 
     async def fetch_runs(self, query: RunQuery) -> list[Row]:
         # Equality on the indexed fields here; the kernel applies every filter, the order and the limit.
-        wanted = {
-            name: value
-            for name in ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id')
-            if (value := getattr(query, name)) is not None
-        }
-        rows = (run.row for run in self._runs.values())
+        wanted = {name: value for name in _INDEXED if (value := getattr(query, name)) is not None}
+        if not wanted:
+            return [run.row for run in self._runs.values()]
+        candidates = min((self._by_field.get(item, {}) for item in wanted.items()), key=len)
+        rows = (self._runs[run_id].row for run_id in candidates)
         return [row for row in rows if all(row[name] == value for name, value in wanted.items())]
 
     async def fetch_events(self, run_id: str) -> list[Row]:
@@ -184,7 +192,15 @@ class _MemoryBackend:
                 run.snapshots.pop(seq, None)
 
     async def delete_runs(self, run_ids: Sequence[str]) -> list[str]:
-        return [run_id for run_id in run_ids if self._runs.pop(run_id, None) is not None]
+        deleted: list[str] = []
+        for run_id in run_ids:
+            run = self._runs.pop(run_id, None)
+            if run is not None:
+                deleted.append(run_id)
+                for name in _INDEXED:
+                    if (value := run.row[name]) is not None:
+                        self._by_field[name, value].pop(run_id, None)
+        return deleted
 
     async def delete_log_entries(self, run_id: str, indices: Sequence[int]) -> None:
         run = self._runs.get(run_id)
