@@ -7,10 +7,12 @@ this module share it; other demos and the commands it suggests run in-process th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
+import sqlite3
 import stat
 import sys
 from dataclasses import dataclass
@@ -288,6 +290,37 @@ def test_the_demo_never_resets_a_store_it_did_not_write(tmp_path: Path) -> None:
     assert result.stderr.startswith(f'pydantic-ai-steps: error: refusing to reset {url}: it holds 5 run(s) the demo')
     assert result.stderr.count('\n') == 1
     assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', url).stdout)) == 5
+
+
+@pytest.mark.parametrize('kind', ['sqlite', 'file'])
+def test_a_run_record_the_demo_cannot_read_is_not_its_own(tmp_path: Path, kind: str) -> None:
+    """A run it cannot read may not be the demo's: it refuses to reset, and deletes nothing."""
+    if kind == 'sqlite':
+        url, outbox = 'sqlite:///steps-demo.db', tmp_path / 'steps-demo.outbox.jsonl'
+        play(tmp_path, '--store', url)
+        with contextlib.closing(sqlite3.connect(tmp_path / 'steps-demo.db')) as conn, conn:
+            conn.execute(
+                "INSERT INTO runs (run_id, metadata, started_at) VALUES ('foreign-1', 'not json{', '2024-01-01')"
+            )
+        unreadable = "run 'foreign-1': run record metadata is not valid JSON"
+    else:
+        url, outbox = f'file://{tmp_path}/store', tmp_path / 'store' / 'steps-demo.outbox.jsonl'
+        play(tmp_path, '--store', url)
+        (tmp_path / 'store' / 'foreign-1').mkdir()
+        (tmp_path / 'store' / 'foreign-1' / 'run.json').write_text('not json{')
+        unreadable = f'run record {tmp_path}/store/foreign-1/run.json: not valid JSON'
+    tracker = outbox.read_text()
+    result = run_cli_inprocess('demo', '--store', url, cwd=tmp_path)
+    assert result.returncode == 1
+    *warnings, error = result.stderr.splitlines()
+    assert warnings and all(line.startswith('skipping unreadable run record') for line in warnings)
+    assert error.startswith(
+        f'pydantic-ai-steps: error: refusing to reset {url}: it holds 1 run record(s) the demo cannot read, so it '
+        f'cannot tell whether it wrote them (first: {unreadable}'
+    )
+    assert error.endswith('); pass --keep to add to it, or choose another --store')
+    assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', url, cwd=tmp_path).stdout)) == 3
+    assert outbox.read_text() == tracker
 
 
 def test_model_without_its_key_is_one_line(tmp_path: Path) -> None:

@@ -180,9 +180,10 @@ class _Demo:
         """Remove the runs the demo wrote last time unless `--keep`; never anything else.
 
         The demo deletes only runs it can read and that carry its own mark (`written_by`), through
-        the store like any application would; a store holding any other run is refused, and the
-        directory or file the store lives in is never removed. Its issue tracker likewise: removed
-        or appended to only if every line of it is the demo's.
+        the store like any application would; a store holding any other run, or a run record the
+        demo cannot read (whose mark it cannot see), is refused, and the directory or file the
+        store lives in is never removed. Its issue tracker likewise: removed or appended to only if
+        every line of it is the demo's.
         """
         store = self._store
         probe = await store.probe()
@@ -206,6 +207,13 @@ class _Demo:
             raise CliError(
                 f'refusing to reset {self.location.url}: it holds {len(foreign)} run(s) the demo did not write '
                 f'(such as {foreign[0].run_id!r}); pass --keep to add to it, or choose another --store'
+            )
+        unreadable = await store.list_unreadable_runs()
+        if unreadable:
+            raise CliError(
+                f'refusing to reset {self.location.url}: it holds {len(unreadable)} run record(s) the demo cannot '
+                f'read, so it cannot tell whether it wrote them (first: {unreadable[0]}); pass --keep to add to it, or '
+                'choose another --store'
             )
         self.outbox.remove()
         if not runs:
