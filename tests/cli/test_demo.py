@@ -7,10 +7,13 @@ this module share it; other demos and the commands it suggests run in-process th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
+import sqlite3
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +22,7 @@ import anyio
 import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
 
-from .conftest import open_store, populate_and_close, run_cli, run_cli_inprocess
+from .conftest import CliResult, open_store, populate_and_close, run_cli, run_cli_inprocess
 
 KEY = 'issue-42::finding::ThinkingPartDelta'
 ANSI = '\x1b['
@@ -96,10 +99,13 @@ def test_the_kill_was_a_real_sigkill(demo: DemoRun) -> None:
 
 
 def test_the_side_effect_happened_exactly_once(demo: DemoRun) -> None:
-    lines = (demo.cwd / 'steps-demo.outbox.jsonl').read_text().splitlines()
-    (comment,) = [json.loads(line) for line in lines]
+    outbox = demo.cwd / 'steps-demo.outbox.jsonl'
+    (comment,) = [json.loads(line) for line in outbox.read_text().splitlines()]
     assert comment['idempotency_key'] == KEY
     assert 'allows a callable' in comment['comment']
+    assert comment['written_by'] == 'pydantic-ai-steps demo'  # how a later reset knows the file is its own
+    if sys.platform != 'win32':
+        assert stat.S_IMODE(outbox.stat().st_mode) == 0o600
 
 
 def test_every_suggested_command_runs(demo: DemoRun) -> None:
@@ -203,12 +209,77 @@ def test_reset_keep_and_a_file_store(tmp_path: Path) -> None:
     flat = ' '.join(kept.split())
     assert f"found '{KEY}' there: a comment with this key was already posted" in flat
     assert 'the tracker already has a comment with key' in flat
-    assert len((tmp_path / 'demo-store.outbox.jsonl').read_text().splitlines()) == 1  # still one comment
+    outbox = tmp_path / 'demo-store' / 'steps-demo.outbox.jsonl'  # inside the store's directory
+    assert len(outbox.read_text().splitlines()) == 1  # still one comment
     assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', store).stdout)) == 6
 
+    outbox.write_text(outbox.read_text() * 2)  # two comments, both the demo's: the reset removes them
     reset = play(tmp_path, '--store', store)
     assert 'reset: deleted the 6 runs of the previous demo; --keep keeps them' in reset
     assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', store).stdout)) == 3
+    assert len(outbox.read_text().splitlines()) == 1  # this play's comment alone
+    assert sorted(path.name for path in tmp_path.iterdir()) == ['demo-store']
+
+
+@pytest.mark.skipif(sys.platform == 'win32', reason='POSIX file modes')
+def test_store_dot_keeps_the_tracker_inside_it(tmp_path: Path) -> None:
+    """`--store .`: the tracker goes in `.`, not beside it in the parent, and is owner-only."""
+    here = tmp_path / 'here'
+    here.mkdir()
+    output = play(here, '--store', '.')
+    outbox = here / 'steps-demo.outbox.jsonl'
+    assert f'where the side effect lands): {outbox}' in output
+    assert stat.S_IMODE(outbox.stat().st_mode) == 0o600
+    assert sorted(path.name for path in tmp_path.iterdir()) == ['here']
+
+
+def refused_for_the_tracker(result: CliResult, outbox: Path) -> None:
+    assert result.returncode == 1
+    assert result.stderr == (
+        f'pydantic-ai-steps: error: refusing to use {outbox}: the demo keeps its issue tracker there and did '
+        'not write that file; move the file away, or choose another --store\n'
+    )
+
+
+@pytest.mark.parametrize(
+    'content',
+    [
+        'my precious notes\n',
+        '',
+        '{"idempotency_key": "issue-42::finding::ThinkingPartDelta", "issue": 42, "comment": "mine"}\n',
+    ],
+    ids=['notes', 'empty', 'unmarked-json'],
+)
+def test_a_new_store_leaves_a_file_it_did_not_write_alone(tmp_path: Path, content: str) -> None:
+    outbox = tmp_path / 'steps-demo.outbox.jsonl'
+    outbox.write_text(content)
+    refused_for_the_tracker(run_cli_inprocess('demo', cwd=tmp_path), outbox)
+    assert outbox.read_text() == content
+    assert sorted(path.name for path in tmp_path.iterdir()) == ['steps-demo.outbox.jsonl']  # no store either
+
+
+@pytest.mark.parametrize('keep', [False, True], ids=['reset', 'keep'])
+def test_an_existing_store_leaves_a_file_it_did_not_write_alone(tmp_path: Path, keep: bool) -> None:
+    """Neither a reset (which would delete the tracker and the runs) nor --keep (which appends) starts."""
+    play(tmp_path, '--store', 'steps-demo.db')
+    outbox = tmp_path / 'steps-demo.outbox.jsonl'
+    mine = outbox.read_text()
+    outbox.write_text(mine + 'and a line of my own\n')
+    result = run_cli_inprocess('demo', *(['--keep'] if keep else []), cwd=tmp_path)
+    refused_for_the_tracker(result, outbox)
+    assert outbox.read_text() == mine + 'and a line of my own\n'
+    runs = json.loads(run_cli_inprocess('runs', '--json', '--store', 'steps-demo.db', cwd=tmp_path).stdout)
+    assert len(runs) == 3
+
+
+@pytest.mark.skipif(sys.platform == 'win32', reason='symbolic links')
+def test_a_link_in_the_trackers_place_is_not_followed(tmp_path: Path) -> None:
+    notes = tmp_path / 'notes.txt'
+    notes.write_text('my precious notes\n')
+    outbox = tmp_path / 'steps-demo.outbox.jsonl'
+    outbox.symlink_to(notes)
+    refused_for_the_tracker(run_cli_inprocess('demo', cwd=tmp_path), outbox)
+    assert outbox.is_symlink() and notes.read_text() == 'my precious notes\n'
 
 
 def test_the_demo_never_resets_a_store_it_did_not_write(tmp_path: Path) -> None:
@@ -219,6 +290,37 @@ def test_the_demo_never_resets_a_store_it_did_not_write(tmp_path: Path) -> None:
     assert result.stderr.startswith(f'pydantic-ai-steps: error: refusing to reset {url}: it holds 5 run(s) the demo')
     assert result.stderr.count('\n') == 1
     assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', url).stdout)) == 5
+
+
+@pytest.mark.parametrize('kind', ['sqlite', 'file'])
+def test_a_run_record_the_demo_cannot_read_is_not_its_own(tmp_path: Path, kind: str) -> None:
+    """A run it cannot read may not be the demo's: it refuses to reset, and deletes nothing."""
+    if kind == 'sqlite':
+        url, outbox = 'sqlite:///steps-demo.db', tmp_path / 'steps-demo.outbox.jsonl'
+        play(tmp_path, '--store', url)
+        with contextlib.closing(sqlite3.connect(tmp_path / 'steps-demo.db')) as conn, conn:
+            conn.execute(
+                "INSERT INTO runs (run_id, metadata, started_at) VALUES ('foreign-1', 'not json{', '2024-01-01')"
+            )
+        unreadable = "run 'foreign-1': run record metadata is not valid JSON"
+    else:
+        url, outbox = f'file://{tmp_path}/store', tmp_path / 'store' / 'steps-demo.outbox.jsonl'
+        play(tmp_path, '--store', url)
+        (tmp_path / 'store' / 'foreign-1').mkdir()
+        (tmp_path / 'store' / 'foreign-1' / 'run.json').write_text('not json{')
+        unreadable = f'run record {tmp_path}/store/foreign-1/run.json: not valid JSON'
+    tracker = outbox.read_text()
+    result = run_cli_inprocess('demo', '--store', url, cwd=tmp_path)
+    assert result.returncode == 1
+    *warnings, error = result.stderr.splitlines()
+    assert warnings and all(line.startswith('skipping unreadable run record') for line in warnings)
+    assert error.startswith(
+        f'pydantic-ai-steps: error: refusing to reset {url}: it holds 1 run record(s) the demo cannot read, so it '
+        f'cannot tell whether it wrote them (first: {unreadable}'
+    )
+    assert error.endswith('); pass --keep to add to it, or choose another --store')
+    assert len(json.loads(run_cli_inprocess('runs', '--json', '--store', url, cwd=tmp_path).stdout)) == 3
+    assert outbox.read_text() == tracker
 
 
 def test_model_without_its_key_is_one_line(tmp_path: Path) -> None:

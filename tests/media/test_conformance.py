@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,3 +48,25 @@ class TestSqliteMediaStoreConnection(MediaStoreConformance):
         store.chunk_bytes = request.param
         yield store
         connection.close()
+
+
+def test_every_flag_of_a_media_store_is_checked_where_its_store_is_tested() -> None:
+    """A new `bool` parameter must refuse a non-boolean too (`check_bool`), and be tested: these are."""
+    from pydantic_ai_steps.media import MongoMediaStore, PostgresMediaStore, S3MediaStore
+
+    stores = (DiskMediaStore, SqliteMediaStore, S3MediaStore, PostgresMediaStore, MongoMediaStore)
+    flags = {
+        store.__name__: [
+            name
+            for name, parameter in inspect.signature(store.__init__).parameters.items()
+            if parameter.annotation in ('bool', bool)
+        ]
+        for store in stores
+    }
+    assert flags == {
+        'DiskMediaStore': ['durable'],  # test_disk.py::test_durable_must_be_a_real_boolean
+        'SqliteMediaStore': ['durable'],  # test_sqlite.py::test_durable_must_be_a_real_boolean
+        'S3MediaStore': [],
+        'PostgresMediaStore': [],
+        'MongoMediaStore': [],
+    }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -48,6 +49,14 @@ async def test_sidecar_only_with_metadata_and_replaced_only_by_non_empty_metadat
     await store.put(b'blob', context=MediaContext(metadata={'b': '2'}))
     assert await store.get_metadata(uri) == {'b': '2'}
     assert not [name for name in all_files(tmp_path) if name.endswith('.tmp')]
+
+
+@pytest.mark.parametrize('flag', ['yes', 1, None], ids=['str', 'int', 'none'])
+def test_durable_must_be_a_real_boolean(tmp_path: Path, flag: object) -> None:
+    """`durable='no'` would be truthy: refused, like the step stores refuse it."""
+    with pytest.raises(ValueError, match=rf'^durable must be True or False, got {re.escape(repr(flag))}$'):
+        DiskMediaStore(tmp_path, durable=flag)  # pyright: ignore[reportArgumentType]
+    assert not any(tmp_path.iterdir())
 
 
 async def test_files_are_owner_only_and_created_directories_0o700(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 import threading
@@ -341,6 +342,17 @@ async def test_table_of_an_older_layout_gets_blob_id_and_takes_chunked_blobs(tmp
     assert await store.get(media_uri_for(b'old')) == b'old'
     assert await store.get(uri) == b'n' * 35
     store.close()
+
+
+@pytest.mark.parametrize('flag', ['yes', 1, None], ids=['str', 'int', 'none'])
+def test_durable_must_be_a_real_boolean(tmp_path: Path, flag: object) -> None:
+    """`durable='no'` would be truthy and ask for FULL sync: refused, like the step stores refuse it."""
+    with pytest.raises(ValueError, match=rf'^durable must be True or False, got {re.escape(repr(flag))}$'):
+        SqliteMediaStore(database=tmp_path / 'm.db', durable=flag)  # pyright: ignore[reportArgumentType]
+    connection = sqlite3.connect(':memory:', check_same_thread=False)
+    with contextlib.closing(connection), pytest.raises(ValueError, match='durable must be True or False'):
+        SqliteMediaStore(connection=connection, durable=flag)  # pyright: ignore[reportArgumentType]
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(('durable', 'level'), [(False, 1), (True, 2)])

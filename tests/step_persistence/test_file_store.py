@@ -286,6 +286,27 @@ async def test_damaged_index_line_is_repaired_once(tmp_path: Path, caplog: pytes
     assert index.stat().st_size - size < 400, 'the repair ran again'
 
 
+async def test_a_run_folder_whose_run_json_does_not_read_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run only its folder knows, unreadable: every listing warns it skipped it, and says which."""
+    store = FileStepStore(tmp_path)
+    await store.register_run(RunRecord(run_id='good', conversation_id='c', started_at=T0))
+    lost = tmp_path / 'lost'
+    lost.mkdir()
+    (lost / 'run.json').write_bytes(b'not json{')
+    reader = FileStepStore(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert [run.run_id for run in await reader.list_runs()] == ['good']
+        assert [run.run_id for run in await reader.list_runs(conversation_id='c')] == ['good']
+    assert caplog.text.count(f'skipping unreadable run record {lost / "run.json"}: not valid JSON') == 2
+    (unreadable,) = await reader.list_unreadable_runs()
+    assert unreadable.startswith(f'run record {lost / "run.json"}: not valid JSON')
+    (lost / 'run.json').unlink()
+    lost.rmdir()
+    assert await FileStepStore(tmp_path).list_unreadable_runs() == []
+
+
 async def test_index_line_without_run_json_is_not_a_run(tmp_path: Path) -> None:
     """A registration that crashed between its index line and run.json never happened."""
     store = FileStepStore(tmp_path)

@@ -360,6 +360,23 @@ async def test_damaged_run_event_and_effect_rows_are_skipped(tmp_path: Path, cap
     reader.close()
 
 
+async def test_unreadable_run_records_are_listed_apart(tmp_path: Path) -> None:
+    """What `list_runs` skips, `list_unreadable_runs` names: a caller deleting "every run" can tell."""
+    database = tmp_path / 's.db'
+    store = SqliteStepStore(database=database, media_store=None)
+    for name in ('good', 'bad'):
+        await store.register_run(RunRecord(run_id=name, started_at=T0))
+    assert await store.list_unreadable_runs() == []
+    store.close()
+    with sqlite3.connect(database) as conn:
+        conn.execute("UPDATE runs SET metadata = 'not json{' WHERE run_id = 'bad'")
+    reader = SqliteStepStore(database=database, media_store=None)
+    assert [run.run_id for run in await reader.list_runs()] == ['good']
+    (unreadable,) = await reader.list_unreadable_runs()
+    assert unreadable.startswith("run 'bad': run record metadata is not valid JSON")
+    reader.close()
+
+
 # --- two writers of one run --------------------------------------------------------------------
 
 

@@ -58,6 +58,8 @@ from ._stores import STORE_VARIABLE, locate
 PROG = 'pydantic-ai-steps'
 WORKER_TIMEOUT_SECONDS = 120.0
 """Upper bound on the child process: a wedged worker must fail the demo, not hang it."""
+OUTBOX_SUFFIX = '.outbox.jsonl'
+OUTBOX_NAME = 'steps-demo' + OUTBOX_SUFFIX
 
 
 def run_demo(*, store: str, keep: bool, model: str | None, stream: TextIO) -> int:
@@ -71,15 +73,16 @@ def run_demo(*, store: str, keep: bool, model: str | None, stream: TextIO) -> in
 
 
 def outbox_for(location: StoreLocation) -> Outbox:
-    """The demo's issue tracker: beside a SQLite or File store (`steps-demo.db` -> `steps-demo.outbox.jsonl`),
-    in the current directory for a server's store."""
+    """The demo's issue tracker, kept with the store: beside a SQLite file (`steps-demo.db` ->
+    `steps-demo.outbox.jsonl`), inside a File store's directory (which ignores files that are not
+    run folders, and `--store .` must not write outside `.`), in the current directory for a
+    server's store."""
     if location.scheme.scheme == 'sqlite':
         path = Path(location.target).resolve()
-        return Outbox(path.with_name(path.stem + '.outbox.jsonl'))
+        return Outbox(path.with_name(path.stem + OUTBOX_SUFFIX))
     if location.scheme.scheme == 'file':
-        path = Path(location.target).resolve()
-        return Outbox(path.with_name(path.name + '.outbox.jsonl'))
-    return Outbox(Path('steps-demo.outbox.jsonl').resolve())
+        return Outbox(Path(location.target).resolve() / OUTBOX_NAME)
+    return Outbox(Path(OUTBOX_NAME).resolve())
 
 
 class _Narrator:
@@ -177,16 +180,25 @@ class _Demo:
         """Remove the runs the demo wrote last time unless `--keep`; never anything else.
 
         The demo deletes only runs it can read and that carry its own mark (`written_by`), through
-        the store like any application would; a store holding any other run is refused, and the
-        directory or file the store lives in is never removed.
+        the store like any application would; a store holding any other run, or a run record the
+        demo cannot read (whose mark it cannot see), is refused, and the directory or file the
+        store lives in is never removed. Its issue tracker likewise: removed or appended to only if
+        every line of it is the demo's.
         """
         store = self._store
         probe = await store.probe()
-        if not probe.exists:
-            self.outbox.path.unlink(missing_ok=True)
-            return 'new'
-        if not probe.step_store:
+        if probe.exists and not probe.step_store:
             raise CliError(f'refusing to use {self.location.url}: it is not a step store ({probe.detail})')
+        if self.outbox.foreign():
+            local = self.location.scheme.scheme in ('sqlite', 'file')
+            elsewhere = 'choose another --store' if local else 'run the demo from another directory'
+            raise CliError(
+                f'refusing to use {self.outbox.path}: the demo keeps its issue tracker there and did not write '
+                f'that file; move the file away, or {elsewhere}'
+            )
+        if not probe.exists:
+            self.outbox.remove()
+            return 'new'
         if keep:
             return 'kept: --keep adds to the runs already there'
         runs = await store.list_runs()
@@ -196,7 +208,14 @@ class _Demo:
                 f'refusing to reset {self.location.url}: it holds {len(foreign)} run(s) the demo did not write '
                 f'(such as {foreign[0].run_id!r}); pass --keep to add to it, or choose another --store'
             )
-        self.outbox.path.unlink(missing_ok=True)
+        unreadable = await store.list_unreadable_runs()
+        if unreadable:
+            raise CliError(
+                f'refusing to reset {self.location.url}: it holds {len(unreadable)} run record(s) the demo cannot '
+                f'read, so it cannot tell whether it wrote them (first: {unreadable[0]}); pass --keep to add to it, or '
+                'choose another --store'
+            )
+        self.outbox.remove()
         if not runs:
             return 'empty'
         for run in runs:

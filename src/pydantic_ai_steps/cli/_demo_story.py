@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pydantic_ai
 from pydantic_ai import Agent, RunContext
@@ -91,7 +92,11 @@ def check_model(name: str) -> None:
 
 @dataclass(frozen=True)
 class Outbox:
-    """Comments "posted" to the tracker: one JSON line each, keyed by idempotency key."""
+    """Comments "posted" to the tracker: one JSON line each, keyed by idempotency key.
+
+    Every line carries the demo's mark, so the demo can tell its own tracker from a file of the
+    same name that it must not touch. The file is owner-only (0o600) like the store's own files.
+    """
 
     path: Path
 
@@ -106,8 +111,44 @@ class Outbox:
         return [json.loads(line) for line in lines if line.strip()]
 
     def post(self, key: str, issue: int, text: str) -> None:
-        with self.path.open('a', encoding='utf-8') as handle:
-            handle.write(json.dumps({'idempotency_key': key, 'issue': issue, 'comment': text}) + '\n')
+        entry = {**DEMO_METADATA, 'idempotency_key': key, 'issue': issue, 'comment': text}
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0)
+        fd = os.open(self.path, flags, 0o600)
+        with os.fdopen(fd, 'a', encoding='utf-8') as handle:
+            handle.write(json.dumps(entry) + '\n')
+
+    def foreign(self) -> bool:
+        """Whether something the demo did not write is at `path` (absent is not foreign).
+
+        Only a regular file whose every line is a comment with the demo's mark is the demo's;
+        anything else (another file, a link, a directory, an empty file) is left alone.
+        """
+        try:
+            info = self.path.lstat()
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # cannot look: not known to be the demo's
+        if not stat.S_ISREG(info.st_mode):
+            return True
+        try:
+            lines = [line for line in self.path.read_text(encoding='utf-8').splitlines() if line.strip()]
+        except (OSError, ValueError):
+            return True
+        return not lines or not all(_marked(line) for line in lines)
+
+    def remove(self) -> None:
+        """Delete the demo's own tracker; the caller checked `foreign()` first."""
+        self.path.unlink(missing_ok=True)
+
+
+def _marked(line: str) -> bool:
+    """A line the demo wrote: a JSON object carrying its mark."""
+    try:
+        entry: object = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and cast(dict[str, object], entry).get('written_by') == DEMO_METADATA['written_by']
 
 
 def idempotency_key(issue: int, symbol: str) -> str:

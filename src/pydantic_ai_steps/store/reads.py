@@ -77,6 +77,24 @@ class Reads:
         records = [record for row in rows if (record := _decoded(codec.decode_run, row, 'run record')) is not None]
         return query.apply(records)
 
+    async def list_unreadable_runs(self) -> list[str]:
+        """The run records `list_runs` skips as damaged, each named with why it does not read.
+
+        Reads skip damage so that one bad record cannot break them; whatever acts on every run
+        (deleting all of them, say) checks here that the listing left none out.
+        """
+        found: list[str] = []
+        for row in await self._backend.fetch_runs(RunQuery()):
+            if isinstance(row, Damaged):
+                found.append(f'{row.where}: {row.reason}')
+                continue
+            try:
+                codec.decode_run(row)
+            except ValueError as error:
+                run_id = row.get('run_id')
+                found.append(f'run {run_id!r}: {error}' if isinstance(run_id, str) else f'a run record: {error}')
+        return found
+
     # --- events -----------------------------------------------------------------------------
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:

@@ -181,3 +181,9 @@ class KernelConformance:
         stored = await store.get_run(run_id=record.run_id)
         assert stored == record
         assert stored is not None and stored.status == 'unfinished' and stored.ended_at is None
+
+    @pytest.mark.anyio
+    async def test_a_store_without_damage_reports_no_unreadable_runs(self, store: StepStore) -> None:
+        managed_store = managed(store)
+        await new_run(managed_store)
+        assert await managed_store.list_unreadable_runs() == []

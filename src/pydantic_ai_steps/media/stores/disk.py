@@ -44,6 +44,7 @@ from typing import Self
 
 import anyio.to_thread
 
+from ..._errors import check_bool
 from ..._files import fsync_dir
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
@@ -121,7 +122,7 @@ class DiskMediaStore:
         durable: bool = False,
     ) -> None:
         self._root = Path(directory)
-        self.durable = durable
+        self.durable = check_bool(durable, 'durable')
         self._key_strategy = key_strategy
         self._public_url = public_url
 

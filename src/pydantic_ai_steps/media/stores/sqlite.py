@@ -73,6 +73,7 @@ from typing import Self, TypeVar
 
 import anyio.to_thread
 
+from ..._errors import check_bool
 from ..._sqlite import BackgroundCheckpointer, open_database, require_cross_thread_use, write_transaction
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
@@ -135,6 +136,7 @@ class SqliteMediaStore:
         durable: bool = False,
         lock: threading.Lock | None = None,
     ) -> None:
+        check_bool(durable, 'durable')
         if (database is None) == (connection is None):
             raise ValueError(
                 'provide exactly one of database= (a path the store opens itself) or connection= '

@@ -317,7 +317,7 @@ class FileBackend:
     async def fetch_run(self, run_id: str) -> Row | Damaged | None:
         return await run_soon(self._reads.run, run_id)
 
-    async def fetch_runs(self, query: RunQuery) -> list[Row]:
+    async def fetch_runs(self, query: RunQuery) -> list[Row | Damaged]:
         return await run_blocking(self._reads.runs, query)
 
     async def fetch_events(self, run_id: str) -> list[Row | Damaged]:

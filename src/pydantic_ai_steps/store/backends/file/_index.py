@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ...backend import Damaged
 from ...codec import Row
 from .._offload import held
 from ._io import Tail, append_locked, json_object, line, logger, make_dir, read_bytes, write_exclusive
@@ -45,6 +46,8 @@ class RunIndex:
         self._seen_mtime: int | None = None
         self._noticed: dict[str, Row] = {}
         """Runs found by scanning the directory that the index file does not name (yet)."""
+        self._unreadable: dict[str, Damaged] = {}
+        """Folders the index does not name whose `run.json` the last scan could not read."""
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -93,6 +96,11 @@ class RunIndex:
                     found.append(row)
             return found
 
+    def unreadable(self) -> list[Damaged]:
+        """Run records only a folder holds, and that do not read: listings report them as damage."""
+        with self._lock:
+            return list(self._unreadable.values())
+
     def row_from_index(self, run_id: str) -> Row | None:
         """The run's index line: its copy of `run.json`, when that file is unreadable."""
         with held(self._lock):
@@ -137,6 +145,7 @@ class RunIndex:
         self._confirmed.clear()
         self._deleted.clear()
         self._noticed.clear()
+        self._unreadable.clear()
         self._repaired_through = 0
         self._needs_repair = False
         self._seen_mtime = None
@@ -199,6 +208,7 @@ class RunIndex:
                 return
         self._seen_mtime = mtime
         known = {run_dir_name(run_id) for run_id in self._lines} | {run_dir_name(run_id) for run_id in self._noticed}
+        self._unreadable = {}
         try:
             entries = list(os.scandir(self._root))
         except (FileNotFoundError, NotADirectoryError):
@@ -206,12 +216,13 @@ class RunIndex:
         for entry in entries:
             if entry.name in known or not is_run_dir_name(entry.name) or not entry.is_dir(follow_symlinks=False):
                 continue
+            run_file = Path(entry.path, RUN_FILE)
             try:
-                row = json_object(read_bytes(Path(entry.path, RUN_FILE)))
+                row = json_object(read_bytes(run_file))
             except (FileNotFoundError, NotADirectoryError):
                 continue
             except (OSError, ValueError) as error:
-                logger.warning('skipping unreadable run record in %s: %s', entry.path, error)
+                self._unreadable[entry.name] = Damaged(f'run record {run_file}', str(error))  # the kernel warns
                 continue
             run_id = row.get('run_id')
             if isinstance(run_id, str) and run_dir_name(run_id) == entry.name and run_id not in self._deleted:

@@ -38,13 +38,14 @@ class FileReads:
             row = fallback
         return self.with_status(row)
 
-    def runs(self, query: RunQuery) -> list[Row]:
+    def runs(self, query: RunQuery) -> list[Row | Damaged]:
         wanted = {
             name: value
             for name in ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id')
             if (value := getattr(query, name)) is not None
         }
-        return [self.with_status(row) for row in self._index.rows(wanted)]
+        rows: list[Row | Damaged] = [self.with_status(row) for row in self._index.rows(wanted)]
+        return [*rows, *self._index.unreadable()]  # unread, a record may match any query
 
     def with_status(self, row: Row) -> Row:
         """The row with `status` and `ended_at`: from `status.json`, or (runs closed by other writers)
