@@ -11,6 +11,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 RUN_ID_MAX_LENGTH = 200
@@ -43,6 +44,41 @@ class RunNotFoundError(StepsError, LookupError):
             '(or it was deleted while it was being written)'
         )
         self.run_id = run_id
+
+
+class EffectAlreadyResolvedError(StepsError, ValueError):
+    """`resolve_tool_effect` on a call that was resolved before: the first resolution stands.
+
+    A resolution is the ledger's record of what someone checked, so a second one does not replace
+    it silently; `replace=True` (the CLI's `--replace`) overwrites it on purpose.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        tool_call_id: str,
+        resolution: str,
+        resolved_by: str | None,
+        resolved_at: datetime | None,
+        resolution_note: str | None,
+    ) -> None:
+        when = resolved_at.isoformat() if resolved_at is not None else 'an unknown time'
+        found = (
+            f'tool call {tool_call_id!r} of run {run_id!r} is already resolved: {resolution} '
+            f'by {resolved_by!r} at {when}'
+        )
+        if resolution_note:
+            found += f' (note: {resolution_note!r})'
+        self.found = found
+        """Names the run, the call and the resolution that stands, for callers that word the remedy."""
+        super().__init__(f'{found}; pass replace=True to overwrite it')
+        self.run_id = run_id
+        self.tool_call_id = tool_call_id
+        self.resolution = resolution
+        self.resolved_by = resolved_by
+        self.resolved_at = resolved_at
+        self.resolution_note = resolution_note
 
 
 class InvalidRunIdError(StepsError, ValueError):

@@ -197,6 +197,53 @@ def test_stats_after_the_demo(demo: DemoRun) -> None:
     assert stats['bytes'] > 0
 
 
+README = Path(__file__).parents[2] / 'README.md'
+README_RUN, README_CALL = 'code_librarian-2365db30', 'pyd_ai_a759bc53f1484796ac5012d5a26bb69a'
+"""The ids of a demo play that the README's commands show: a play draws its own."""
+
+
+def readme_commands() -> list[list[str]]:
+    """The README's example commands for a demo store (the block that resolves a call), as argument lists."""
+    blocks = re.findall(r'```bash\n(.*?)```', README.read_text(), flags=re.DOTALL)
+    (block,) = [block for block in blocks if 'effects resolve' in block]
+    return [shlex.split(line, comments=True) for line in block.replace('\\\n', ' ').splitlines()]
+
+
+def test_the_readme_commands_work_on_the_demo_store(tmp_path: Path) -> None:
+    """Run as the README writes them (with this play's ids), after a demo of their own: one resolves again."""
+    demo = parse(tmp_path, play(tmp_path))
+    (call,) = [
+        effect['tool_call_id']
+        for effect in json.loads(demo.run(['effects', demo.crashed, '--json', '--store', 'sqlite:///steps-demo.db']))
+        if effect['status'] == 'started'
+    ]
+    ids = {README_RUN: demo.crashed, README_CALL: call}
+    env: dict[str, str | None] = {}
+    commands = readme_commands()
+    assert any(words[1:3] == ['effects', 'resolve'] for words in commands)
+    for words in commands:
+        if words[0] == 'export':
+            name, value = words[1].split('=', 1)
+            env[name] = value
+            continue
+        assert words[0] == 'pydantic-ai-steps'
+        args = [ids.get(word, word) for word in words[1:]]
+        result = run_cli_inprocess(*args, cwd=tmp_path, **env)
+        assert result.returncode == 0, f'{args}: {result.stderr}'
+        if args[:2] == ['effects', 'resolve']:
+            without = run_cli_inprocess(*[arg for arg in args if arg != '--replace'], cwd=tmp_path, **env)
+            assert without.returncode == 1 and 'is already resolved' in without.stderr
+    (effect,) = [
+        effect
+        for effect in json.loads(demo.run(['effects', demo.crashed, '--json', '--store', 'sqlite:///steps-demo.db']))
+        if effect['status'] == 'started'
+    ]
+    assert (effect['resolution'], effect['resolution_note']) == (
+        'not_done',
+        'checked the tracker again: no comment carries the key',
+    )
+
+
 def test_reset_keep_and_a_file_store(tmp_path: Path) -> None:
     """On a File store: a second demo with --keep adds runs and does not post twice; a third resets."""
     store = f'file://{tmp_path}/demo-store'

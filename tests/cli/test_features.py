@@ -11,6 +11,8 @@ import anyio
 import pytest
 
 from pydantic_ai_steps.cli._app import build_parser
+from pydantic_ai_steps.step_persistence import RunRecord, ToolEffectRecord
+from pydantic_ai_steps.testing.step_store import T0
 
 from .conftest import PopulatedStore, open_store, populate_and_close, run_cli_inprocess
 
@@ -97,6 +99,49 @@ def test_resolving_an_unknown_effect(tmp_path: Path) -> None:
     stats = json.loads(ok('stats', '--json', '--store', url))
     assert stats['unresolved_effects'] == 0
     assert '1 unresolved tool effect' not in ok('tree', '--store', url)
+
+
+def test_a_resolution_is_refused_a_second_time_unless_replaced(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    (effect,) = json.loads(ok('effects', runs.crashed, '--unresolved', '--json', '--store', url))
+    call = effect['tool_call_id']
+    ok('effects', 'resolve', runs.crashed, call, '--not-done', '--by', 'orchestrator', '--store', url)
+    again = run_cli_inprocess('effects', 'resolve', runs.crashed, call, '--done', '--by', 'root', '--store', url)
+    assert again.returncode == 1
+    assert f"tool call '{call}' of run '{runs.crashed}' is already resolved: not_done by 'orchestrator'" in again.stderr
+    assert 'pass --replace to overwrite it' in again.stderr and 'replace=True' not in again.stderr
+    (kept,) = [
+        row for row in json.loads(ok('effects', runs.crashed, '--json', '--store', url)) if row['tool_call_id'] == call
+    ]
+    assert (kept['resolution'], kept['resolved_by']) == ('not_done', 'orchestrator')
+    replaced = json.loads(
+        ok('effects', 'resolve', runs.crashed, call, '--done', '--by', 'root', '--replace', '--json', '--store', url)
+    )
+    assert (replaced['resolution'], replaced['resolved_by'], replaced['status']) == ('done', 'root', 'started')
+    misplaced = run_cli_inprocess('effects', runs.crashed, '--replace', '--store', url)
+    assert misplaced.returncode == 1 and '--replace go with `effects resolve RUN CALL`' in misplaced.stderr
+
+
+def test_a_run_named_resolve_is_shown_with_run(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+
+    async def write() -> None:
+        async with store:
+            await store.register_run(RunRecord(run_id='resolve', started_at=T0))
+            effect = ToolEffectRecord(tool_call_id='c1', tool_name='post', run_id='resolve', status='started')
+            await store.record_tool_effect(effect)
+
+    anyio.run(write)
+    (shown,) = json.loads(ok('effects', '--run', 'resolve', '--json', '--store', url))
+    assert (shown['run_id'], shown['tool_call_id'], shown['status']) == ('resolve', 'c1', 'started')
+    assert 'c1' in ok('effects', '--store', url, '--run', 'resolve', '--unresolved')
+    bare = run_cli_inprocess('effects', 'resolve', '--store', url)  # the subcommand, missing RUN CALL
+    assert bare.returncode == 1 and 'a run named resolve: effects --run resolve' in bare.stderr
+    both = run_cli_inprocess('effects', 'other', '--run', 'resolve', '--store', url)
+    assert both.returncode == 1 and 'takes no other RUN' in both.stderr
+    assert 'resolved done' in ok('effects', 'resolve', 'resolve', 'c1', '--done', '--store', url)
+    assert '`effects --run resolve`' in ok('effects', '--help')
 
 
 def test_delete_prune_and_gc_show_before_they_remove(tmp_path: Path) -> None:

@@ -26,14 +26,18 @@ from pydantic_ai_steps.step_persistence import (
     StepEvent,
     ToolEffectRecord,
     open_step_store,
+    run_record_for,
 )
 from pydantic_ai_steps.store.backends.mongo import MAX_TEXT_BYTES
+from pydantic_ai_steps.store.backends.mongo._layout import INDEXES, LAYOUT_VERSION
 from pydantic_ai_steps.testing.step_store import T0, dump, snapshot, tool_cycle
 
 from ..step_persistence.agents import call, scripted
 from .conftest import Commands
 
 pytestmark = pytest.mark.anyio
+RUN_LOOKUPS = {'agent_name_1_started_at_1', 'pydantic_ai_run_id_1', 'status_1_started_at_1', 'status_1_ended_at_1'}
+"""The `runs` indexes for `run_record_for` and the `agent_name` / `status` filters (as SQLite and PostgreSQL have)."""
 Client = AsyncMongoClient[dict[str, Any]]
 WRITES = {'insert', 'update', 'delete', 'findAndModify', 'bulkWrite', 'createIndexes'}
 
@@ -93,12 +97,27 @@ async def test_reads_create_nothing_and_the_first_write_creates_the_indexes(url:
             indexes = {
                 name: set(await database[name].index_information()) for name in await database.list_collection_names()
             }
-    assert indexes['runs'] >= {'_id_', 'conversation_id_1', 'parent_run_id_1', 'started_at_1'}
+    assert indexes['runs'] >= {'_id_', 'conversation_id_1', 'parent_run_id_1', 'started_at_1', *RUN_LOOKUPS}
     assert indexes['events'] >= {'run_id_1_seq_1', 'run_id_1_idempotency_key_1'}
     assert indexes['snapshots'] >= {'run_id_1_seq_-1', 'run_id_1_state_1_seq_-1', 'run_id_1_idempotency_key_1'}
     assert indexes['tool_effects'] >= {'run_id_1_tool_call_id_1', 'run_id_1_status_1'}
     assert indexes['message_log'] >= {'run_id_1_log_index_1'}
     assert {'runs', 'counters'} <= set(indexes)
+
+
+async def test_the_first_write_to_a_layout_1_database_adds_the_run_lookup_indexes(url: str, database_name: str) -> None:
+    """A database set up before the `runs` lookups were indexed gets them on its first write, as a fresh one does."""
+    async with AsyncMongoClient(url) as client:
+        database = client[database_name]
+        for name, models in INDEXES.items():
+            kept = [model for model in models if name != 'runs' or model.document['name'] not in RUN_LOOKUPS]
+            await database[name].create_indexes(kept)
+        await database['counters'].insert_one({'_id': 'layout', 'version': 1})
+        async with MongoStepStore(client, database=database_name) as store:
+            await store.register_run(RunRecord(run_id='r', pydantic_ai_run_id='pai-r', started_at=T0))
+            assert (await run_record_for(store, 'pai-r')) is not None
+        assert set(await database['runs'].index_information()) >= RUN_LOOKUPS
+        assert (await database['counters'].find_one({'_id': 'layout'}) or {}).get('version') == LAYOUT_VERSION
 
 
 async def test_documents_as_the_seed_lays_them_out(listened: tuple[Client, Commands], database_name: str) -> None:

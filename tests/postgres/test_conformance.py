@@ -1,4 +1,4 @@
-"""The PostgreSQL step store passes the shared conformance suite over asyncpg and over psycopg."""
+"""The PostgreSQL step store passes the shared conformance suites over asyncpg and over psycopg."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from pydantic_ai.messages import ModelMessage
 
 from pydantic_ai_steps.step_persistence import PostgresStepStore
+from pydantic_ai_steps.store import Backend
 from pydantic_ai_steps.testing._strategies import message_strategy
+from pydantic_ai_steps.testing.backend import BackendConformance, BackendFactory
 from pydantic_ai_steps.testing.step_store import StepStoreConformance, StoreFactory
 
 from .conftest import ConnectPerAcquire
@@ -106,3 +108,21 @@ class TestPostgresStepStoreOwnPool(StepStoreConformance):
 
     def test_arbitrary_histories_round_trip_exactly(self) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
         pytest.skip('runs in TestPostgresStepStoreAsyncpg, on the same asyncpg connections')
+
+
+class TestPostgresBackend(BackendConformance):
+    persistent = True
+
+    @pytest.fixture
+    async def make_backend(self, dsn: str, prefix: str, anyio_backend: str) -> AsyncIterator[BackendFactory]:
+        del anyio_backend
+        made: list[Backend] = []
+
+        def make() -> Backend:
+            backend = PostgresStepStore(dsn=dsn, table=prefix, pool_options={'min_size': 1, 'max_size': 2}).backend
+            made.append(backend)
+            return backend
+
+        yield make
+        for backend in made:
+            await backend.aclose()

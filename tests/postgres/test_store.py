@@ -1,12 +1,19 @@
-"""`open_step_store('postgresql://...')`, `from_spec(backend='postgres')`, and the constructor's checks."""
+"""`open_step_store('postgresql://...')`, `from_spec(backend='postgres')`, the constructor's checks, and migrating
+a version-1 database."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import asyncpg
 import pytest
 
 from pydantic_ai_steps import StepPersistence
-from pydantic_ai_steps.step_persistence import PostgresStepStore, RunRecord, open_step_store
+from pydantic_ai_steps.step_persistence import PostgresStepStore, RunRecord, ToolEffectRecord, open_step_store
 from pydantic_ai_steps.store.backends.postgres import split_location
+from pydantic_ai_steps.store.backends.postgres._schema import SCHEMA_VERSION, _commit_function  # pyright: ignore[reportPrivateUsage]
+from pydantic_ai_steps.store.codec import EFFECT_FIELDS, RESOLUTION_FIELDS
+from pydantic_ai_steps.testing.step_store import T0
 
 pytestmark = pytest.mark.server
 
@@ -48,3 +55,31 @@ async def test_open_step_store_and_from_spec(dsn: str, prefix: str, anyio_backen
     await spec_store.aclose()
     with pytest.raises(ValueError, match='dsn='):
         StepPersistence.from_spec(backend='postgres')
+
+
+@pytest.mark.anyio
+async def test_a_version_1_database_gets_the_commit_that_keeps_a_resolution(
+    dsn: str, prefix: str, anyio_backend: str
+) -> None:
+    """Version 1's commit function let a late ledger write clear a resolution; the first write migrates it away."""
+    del anyio_backend
+    async with PostgresStepStore(dsn=dsn, table=prefix) as store:
+        await store.register_run(RunRecord(run_id='r', started_at=T0))
+    kept = ', '.join(f'{name} = EXCLUDED.{name}' for name in EFFECT_FIELDS[2:] if name not in RESOLUTION_FIELDS)
+    cleared = ', '.join(f'{name} = EXCLUDED.{name}' for name in EFFECT_FIELDS[2:])
+    version_1 = _commit_function(prefix).replace(kept, cleared)
+    assert version_1 != _commit_function(prefix)
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(version_1)
+        await admin.execute(f'UPDATE {prefix}_schema_version SET version = 1')
+        async with PostgresStepStore(dsn=dsn, table=prefix) as store:
+            started = ToolEffectRecord(tool_call_id='c1', tool_name='post', run_id='r', status='started', started_at=T0)
+            await store.record_tool_effect(started)
+            await store.resolve_tool_effect(run_id='r', tool_call_id='c1', outcome='not_done', by='ops')
+            await store.record_tool_effect(replace(started, status='completed', ended_at=T0))
+            late = await store.get_tool_effect(run_id='r', tool_call_id='c1')
+        assert late is not None and (late.status, late.resolution, late.resolved_by) == ('completed', 'not_done', 'ops')
+        assert await admin.fetchval(f'SELECT max(version) FROM {prefix}_schema_version') == SCHEMA_VERSION
+    finally:
+        await admin.close()

@@ -119,13 +119,27 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument('run', metavar='RUN', help=RUN_HELP)
     events.set_defaults(handler=_commands.cmd_events)
 
-    effects = add(
+    effects = commands.add_parser(
         'effects',
-        "a run's tool side-effect ledger (started / completed / failed), or `effects resolve RUN CALL`",
-        store,
-        listing,
+        help="a run's tool side-effect ledger (started / completed / failed), or `effects resolve RUN CALL`",
+        description="A run's tool side-effect ledger (started / completed / failed), or, with\n"
+        '`effects resolve RUN CALL --done|--not-done`, a record of what checking a call left `started` found.',
+        usage=f'{PROG} effects [-h] [--store URL] [--json] [--unresolved] RUN\n'
+        f'       {PROG} effects [-h] [--store URL] [--json] [--unresolved] --run RUN\n'
+        f'       {PROG} effects resolve RUN CALL (--done | --not-done) [--note TEXT] [--by WHO] [--replace]',
+        parents=[store, listing],
+        epilog='A run called `resolve`, or found by the prefix `resolve`: `effects --run resolve`.\n'
+        'A call is resolved once: resolving it again is refused, naming the resolution that stands,\n'
+        'unless --replace says to overwrite it.\n\n' + STATUS_HELP,
+        formatter_class=formatter,
     )
-    effects.add_argument('target', nargs='+', metavar='RUN', help=RUN_HELP + '; or: resolve RUN CALL')
+    effects.add_argument('target', nargs='*', metavar='RUN', help=RUN_HELP + '; or: resolve RUN CALL')
+    effects.add_argument(
+        '--run',
+        metavar='RUN',
+        dest='named_run',
+        help="show this run's ledger, whatever it is called (`effects --run resolve`: a run named resolve)",
+    )
     effects.add_argument(
         '--unresolved', action='store_true', help='only calls that started and never ended (unknown after a crash)'
     )
@@ -134,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     outcome.add_argument('--not-done', action='store_true', help='resolve: the call did not have its effect')
     effects.add_argument('--note', metavar='TEXT', help='resolve: what was found, kept with the resolution')
     effects.add_argument('--by', metavar='WHO', help='resolve: who checked (default: the user running this)')
+    effects.add_argument(
+        '--replace',
+        action='store_true',
+        help="resolve: overwrite the call's earlier resolution (without it, a resolved call is refused)",
+    )
     effects.set_defaults(handler=_commands.cmd_effects)
 
     snapshot = add('snapshot', "a run's newest continuable snapshot, messages rendered for reading", store, listing)

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+from .._errors import EffectAlreadyResolvedError
 from ..step_persistence import ContinuableSnapshot, ToolEffectRecord, continue_run
 from ..store.codec import effect_dict, event_dict, run_dict
 from . import _inspect
@@ -188,16 +189,22 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> None:
 async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
     """The tool side-effect ledger of a run; `started` entries are the ones recovery must decide.
 
-    `effects resolve RUN CALL --done|--not-done [--note TEXT]` records what checking such a call found.
+    `effects resolve RUN CALL --done|--not-done [--note TEXT]` records what checking such a call found;
+    `effects --run RUN` shows the ledger of RUN whatever it is called (a run named `resolve`).
     """
     target: list[str] = args.target
-    if target[0] == 'resolve':
+    if args.named_run is not None:
+        if target:
+            raise CliError(f'effects --run RUN takes no other RUN, got {" ".join(target)!r}')
+        target = [args.named_run]
+    elif target[:1] == ['resolve']:
         await _resolve_effect(args, out, target[1:])
         return
     if len(target) != 1:
-        raise CliError(f'effects takes one RUN (or: resolve RUN CALL), got {" ".join(target)!r}')
-    if args.done or args.not_done or args.note or args.by:
-        raise CliError('--done, --not-done, --note and --by go with `effects resolve RUN CALL`')
+        got = f'got {" ".join(target)!r}' if target else 'got none'
+        raise CliError(f'effects takes one RUN (or: resolve RUN CALL), {got}')
+    if args.done or args.not_done or args.note or args.by or args.replace:
+        raise CliError('--done, --not-done, --note, --by and --replace go with `effects resolve RUN CALL`')
     args.run = target[0]
     _, store, run_id = await out.open_run(args)
     effects = await _inspect.tool_effects(store, run_id, unresolved_only=args.unresolved)
@@ -244,16 +251,20 @@ def _resolution(effect: ToolEffectRecord) -> Cell:
 
 async def _resolve_effect(args: argparse.Namespace, out: Output, target: list[str]) -> None:
     if len(target) != 2:
-        raise CliError(f'effects resolve takes RUN CALL, got {" ".join(target)!r}')
+        got = f'got {" ".join(target)!r}' if target else 'got nothing after it'
+        raise CliError(f'effects resolve takes RUN CALL, {got} (a run named resolve: effects --run resolve)')
     if not (args.done or args.not_done):
         raise CliError('effects resolve needs --done (the effect happened) or --not-done (it did not)')
     args.run = target[0]
     _, store, run_id = await out.open_run(args)
     by = args.by or getpass.getuser()
+    outcome = 'done' if args.done else 'not_done'
     try:
         record = await store.resolve_tool_effect(
-            run_id=run_id, tool_call_id=target[1], outcome='done' if args.done else 'not_done', by=by, note=args.note
+            run_id=run_id, tool_call_id=target[1], outcome=outcome, by=by, note=args.note, replace=args.replace
         )
+    except EffectAlreadyResolvedError as error:
+        raise CliError(f'{error.found}; pass --replace to overwrite it') from None
     except (LookupError, ValueError) as error:
         raise CliError(str(error).strip('"')) from None
     if args.json:

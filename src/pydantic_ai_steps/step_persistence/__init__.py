@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._errors import InvalidRecordError, InvalidRunIdError, RunAlreadyExistsError, RunNotFoundError, StepsError
+from .._errors import (
+    EffectAlreadyResolvedError,
+    InvalidRecordError,
+    InvalidRunIdError,
+    RunAlreadyExistsError,
+    RunNotFoundError,
+    StepsError,
+)
 from .._lazy import lazy_loader, star_exports
 from .._records import (
     ContinuableSnapshot,
@@ -46,6 +53,7 @@ __getattr__ = lazy_loader(__name__, _LAZY)
 
 __all__ = [
     'ContinuableSnapshot',
+    'EffectAlreadyResolvedError',
     'EffectResolution',
     'EventKind',
     'InMemoryStepStore',

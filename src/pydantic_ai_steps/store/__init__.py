@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .._records import RunQuery
 from .backend import (
+    RESOLUTION_FIELDS,
     STALE,
     SUPPRESSED,
     Backend,
@@ -23,6 +24,8 @@ from .backend import (
     SnapshotRow,
     SnapshotWrite,
     WriteBatch,
+    resolved_effect,
+    upserted_effect,
 )
 from .base import StepStoreBase
 from .codec import Encoding
@@ -31,6 +34,7 @@ from .protocol import ManagedStepStore, RecordBatchStore, StepStore
 from .registry import StoreLocation, StoreScheme, StoreUrlError, open_step_store, register_scheme
 
 __all__ = [
+    'RESOLUTION_FIELDS',
     'STALE',
     'SUPPRESSED',
     'Backend',
@@ -59,4 +63,6 @@ __all__ = [
     'WriteBatch',
     'open_step_store',
     'register_scheme',
+    'resolved_effect',
+    'upserted_effect',
 ]

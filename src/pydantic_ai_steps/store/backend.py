@@ -10,7 +10,8 @@ The contract, checked by `pydantic_ai_steps.testing.backend.BackendConformance`:
 - `commit(batch)` applies, in this order and as one unit where the database allows: the run
   registration, the snapshot (claim its idempotency key, check where the run's message log
   ends, append the log entries, insert the snapshot row), the tool effects (upsert by
-  `(run_id, tool_call_id)`), the events (insert, skipping a `(run_id, idempotency_key)` already
+  `(run_id, tool_call_id)`; an entry already stored keeps its resolution fields, whatever the row
+  says: see `resolve_effect`), the events (insert, skipping a `(run_id, idempotency_key)` already
   present), then the closings (a run's `status` and `ended_at`). It answers:
   - `RunAlreadyExistsError` for a registration whose run id is taken: nothing written;
   - `RunNotFoundError` for records of a run that is not registered (never, or deleted): nothing
@@ -21,6 +22,12 @@ The contract, checked by `pydantic_ai_steps.testing.backend.BackendConformance`:
     snapshot), whatever `expected_log_size` says (a replay comes after its own appends): the
     snapshot and its appends are not written, the rest of the batch is;
   - otherwise the log size after the appends (or `None` when the batch has no snapshot).
+- `resolve_effect(run_id, tool_call_id, resolution, overwrite=)` writes one entry's resolution
+  fields (`RESOLUTION_FIELDS`) and nothing else, as one conditional write: only while the entry is
+  `started` and, unless `overwrite`, has no resolution. It answers whether it wrote. Never a read
+  then a write: a `completed` upsert racing it keeps its status, and of two racing resolutions one
+  is written and the other answered `False`. The kernel decides what to resolve and what a refusal
+  means.
 - Log texts are opaque strings and are stored byte for byte: no JSON column that reorders keys,
   no parsed sub-document. Patches address members of an earlier text by position.
 - The appends of one snapshot take the next indices of the run's log, contiguously, starting at
@@ -41,10 +48,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._records import RunQuery, RunStatus, SnapshotState
-from .codec import Encoding, Row
+from .codec import RESOLUTION_FIELDS, Encoding, Row
 from .history import LogEntry
 
 __all__ = [
+    'RESOLUTION_FIELDS',
     'STALE',
     'SUPPRESSED',
     'Backend',
@@ -58,6 +66,8 @@ __all__ = [
     'SnapshotRow',
     'SnapshotWrite',
     'WriteBatch',
+    'resolved_effect',
+    'upserted_effect',
 ]
 
 STALE: Literal['stale'] = 'stale'
@@ -196,6 +206,12 @@ class Backend(Protocol):
         calls were first recorded."""
         ...
 
+    async def resolve_effect(self, run_id: str, tool_call_id: str, resolution: Row, *, overwrite: bool) -> bool:
+        """Set the entry's resolution fields to `resolution` (a field it leaves out is cleared), leaving
+        every other field as stored, if the entry is `started` and (unless `overwrite`) unresolved, in
+        one conditional write. Whether the entry was changed."""
+        ...
+
     async def fetch_snapshots(
         self,
         run_id: str,
@@ -245,3 +261,20 @@ class Backend(Protocol):
     async def aclose(self) -> None:
         """Release connections and files. Idempotent."""
         ...
+
+
+def upserted_effect(row: Row, stored: Row | None) -> Row:
+    """What an effect upsert leaves for a backend that keeps whole rows (a dict, a JSON line): `row`,
+    with the resolution fields of the entry already `stored`, if any."""
+    if stored is None:
+        return row
+    kept = {name: value for name, value in row.items() if name not in RESOLUTION_FIELDS}
+    kept.update((name, stored[name]) for name in RESOLUTION_FIELDS if name in stored)
+    return kept
+
+
+def resolved_effect(stored: Row, resolution: Row) -> Row:
+    """The `stored` entry with its resolution fields replaced by `resolution`'s, for whole-row backends."""
+    kept = {name: value for name, value in stored.items() if name not in RESOLUTION_FIELDS}
+    kept.update((name, resolution[name]) for name in RESOLUTION_FIELDS if name in resolution)
+    return kept

@@ -16,7 +16,13 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Literal, Self, cast
 
-from .._errors import check_max_snapshots, check_optional_str, check_threshold
+from .._errors import (
+    EffectAlreadyResolvedError,
+    check_bool,
+    check_max_snapshots,
+    check_optional_str,
+    check_threshold,
+)
 from .._records import (
     CLOSING_EVENTS,
     EFFECT_RESOLUTIONS,
@@ -38,6 +44,9 @@ from .protocol import DeltaOutcome, SnapshotDelta
 from .reads import Reads
 from .record_checks import checked_delta, checked_effect, checked_event, checked_query, checked_run, checked_snapshot
 from .retention import snapshots_to_keep
+
+_RESOLVE_ATTEMPTS = 3
+"""Reads of an entry `resolve_tool_effect` makes before it gives up on one that keeps changing."""
 
 MediaChoice = MediaStore | Literal['auto'] | None
 """A store's `media_store=` argument: a media store, `'auto'` (the backend's default), or `None` (inline)."""
@@ -290,30 +299,58 @@ class StepStoreBase(Reads, Maintenance):
         outcome: EffectResolution,
         by: str | None = None,
         note: str | None = None,
+        replace: bool = False,
     ) -> ToolEffectRecord:
         """Record that a call left `started` was checked: its effect was `'done'` or `'not_done'`.
 
         The entry keeps its status and everything it said; the resolution is added to it, so the
         ledger still shows what the crash left, and `list_unresolved_tool_effects` stops listing it.
+        A call is resolved once: resolving it again raises `EffectAlreadyResolvedError` naming the
+        resolution that stands, unless `replace=True`, which overwrites it (an entry holds one
+        resolution). Only the resolution is written, and only while the entry is as read, so a
+        late `completed` write keeps its status and of two resolutions racing, the second is refused.
         """
         if outcome not in EFFECT_RESOLUTIONS:
             raise ValueError(f'outcome must be one of {sorted(EFFECT_RESOLUTIONS)}, got {outcome!r}')
         check_optional_str(by, 'by')
         check_optional_str(note, 'note')
-        entry = await self.get_tool_effect(run_id=run_id, tool_call_id=tool_call_id)
-        if entry is None:
-            raise LookupError(f'run {run_id!r} has no tool call {tool_call_id!r} in its ledger')
-        if entry.status != 'started':
-            raise ValueError(
-                f'tool call {tool_call_id!r} of run {run_id!r} ended {entry.status!r}: only a call left '
-                "'started' (unknown after a crash) needs resolving"
-            )
-        entry.resolution = outcome
-        entry.resolved_by = by
-        entry.resolved_at = utc_now()
-        entry.resolution_note = note
-        await self.write_records(tool_effects=(entry,))
-        return entry
+        check_bool(replace, 'replace')
+        resolved_at = utc_now()
+        for _ in range(_RESOLVE_ATTEMPTS):
+            found = await self.get_tool_effect(run_id=run_id, tool_call_id=tool_call_id)
+            entry = _resolvable(found, run_id, tool_call_id, replace=replace)
+            entry.resolution = outcome
+            entry.resolved_by = by
+            entry.resolved_at = resolved_at
+            entry.resolution_note = note
+            resolution = self._encoding.resolution(entry)
+            if await self._backend.resolve_effect(run_id, tool_call_id, resolution, overwrite=replace):
+                return entry
+            # The entry changed since it was read: read it again, and say what it is now.
+        raise RuntimeError(
+            f'tool call {tool_call_id!r} of run {run_id!r} kept changing while it was being resolved; try again'
+        )
+
+
+def _resolvable(entry: ToolEffectRecord | None, run_id: str, tool_call_id: str, *, replace: bool) -> ToolEffectRecord:
+    """The rule of `resolve_tool_effect`: only an entry left `started`, and only once unless `replace`."""
+    if entry is None:
+        raise LookupError(f'run {run_id!r} has no tool call {tool_call_id!r} in its ledger')
+    if entry.status != 'started':
+        raise ValueError(
+            f'tool call {tool_call_id!r} of run {run_id!r} ended {entry.status!r}: only a call left '
+            "'started' (unknown after a crash) needs resolving"
+        )
+    if entry.resolution is not None and not replace:
+        raise EffectAlreadyResolvedError(
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            resolution=entry.resolution,
+            resolved_by=entry.resolved_by,
+            resolved_at=entry.resolved_at,
+            resolution_note=entry.resolution_note,
+        )
+    return entry
 
 
 __all__ = ['MediaChoice', 'StepStoreBase', 'checked_query']

@@ -84,6 +84,9 @@ EFFECT_FIELDS = (
     'resolved_at',
     'resolution_note',
 )
+RESOLUTION_FIELDS = EFFECT_FIELDS[8:]
+"""A tool effect's resolution (`resolution`, `resolved_by`, `resolved_at`, `resolution_note`): written
+only with the entry's first record or by `Backend.resolve_effect`, never by a later upsert."""
 SNAPSHOT_FIELDS = (
     'run_id',
     'step_index',
@@ -195,6 +198,10 @@ class Encoding:
             'resolution_note': record.resolution_note,
         }
         return self._trimmed(row) if self.omit_empty else row
+
+    def resolution(self, record: ToolEffectRecord) -> Row:
+        """The record's resolution fields (`RESOLUTION_FIELDS`), as `effect` encodes them."""
+        return {name: value for name, value in self.effect(record).items() if name in RESOLUTION_FIELDS}
 
     def snapshot(self, snapshot: ContinuableSnapshot, message_count: int, log_size: int | None) -> Row:
         """A snapshot row; `log_size` is `None` until the backend knows where the log ends."""

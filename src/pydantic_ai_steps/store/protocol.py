@@ -203,6 +203,7 @@ class ManagedStepStore(RecordBatchStore, Protocol):
         outcome: EffectResolution,
         by: str | None = None,
         note: str | None = None,
+        replace: bool = False,
     ) -> ToolEffectRecord: ...
 
     async def delete_run(self, run_id: str, *, include_delegates: bool = False) -> list[str]: ...

@@ -3,15 +3,24 @@ and the checks every record and run id passes before anything is written."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from .._errors import InvalidRecordError, InvalidRunIdError
+from .._errors import EffectAlreadyResolvedError, InvalidRecordError, InvalidRunIdError
 from .._records import RunRecord, StepEvent, ToolEffectRecord
 from ..store.protocol import StepStore
 from ._kernel import managed
 from ._support import T0, StoreFactory, new_run, new_run_id, snapshot, tool_cycle
+
+
+def _effect(run_id: str, call: str, status: Any) -> ToolEffectRecord:
+    ended = T0 + timedelta(seconds=1) if status != 'started' else None
+    return ToolEffectRecord(
+        tool_call_id=call, tool_name='post', run_id=run_id, status=status, started_at=T0, ended_at=ended
+    )
 
 
 async def _closed(store: StepStore, run_id: str, kind: str, at: int) -> None:
@@ -93,6 +102,78 @@ class QueryConformance:
         kept = await again.get_tool_effect(run_id=run_id, tool_call_id='c1')
         assert kept is not None and (kept.resolution, kept.resolution_note) == ('done', 'comment found')
         assert kept.resolved_at is not None
+
+    @pytest.mark.anyio
+    async def test_a_resolution_stands_until_replaced_on_purpose(self, make_store: StoreFactory) -> None:
+        store = managed(make_store())
+        run_id = await new_run(store)
+        await store.record_tool_effect(_effect(run_id, 'c1', 'started'))
+        await store.resolve_tool_effect(
+            run_id=run_id, tool_call_id='c1', outcome='not_done', by='orchestrator', note='no comment found'
+        )
+        with pytest.raises(EffectAlreadyResolvedError) as refused:
+            await store.resolve_tool_effect(run_id=run_id, tool_call_id='c1', outcome='done', by='root')
+        message = str(refused.value)
+        assert all(part in message for part in (repr(run_id), "'c1'", 'not_done', "'orchestrator'", 'replace=True'))
+        assert (refused.value.resolution, refused.value.resolved_by) == ('not_done', 'orchestrator')
+        kept = await store.get_tool_effect(run_id=run_id, tool_call_id='c1')
+        assert kept is not None
+        assert (kept.resolution, kept.resolved_by, kept.resolution_note) == (
+            'not_done',
+            'orchestrator',
+            'no comment found',
+        )
+        replaced = await store.resolve_tool_effect(
+            run_id=run_id, tool_call_id='c1', outcome='done', by='root', replace=True
+        )
+        assert (replaced.status, replaced.resolution, replaced.resolved_by) == ('started', 'done', 'root')
+        again = managed(make_store()) if getattr(self, 'persistent', False) else store
+        stored = await again.get_tool_effect(run_id=run_id, tool_call_id='c1')
+        assert stored is not None
+        assert (stored.resolution, stored.resolved_by, stored.resolution_note) == ('done', 'root', None)
+        # The call's own end, written late (the run was not dead after all): its status, and the check kept.
+        await store.record_tool_effect(_effect(run_id, 'c1', 'completed'))
+        late = await again.get_tool_effect(run_id=run_id, tool_call_id='c1')
+        assert late is not None and (late.status, late.resolution, late.resolved_by) == ('completed', 'done', 'root')
+        with pytest.raises(ValueError, match='completed'):
+            await store.resolve_tool_effect(run_id=run_id, tool_call_id='c1', outcome='done', replace=True)
+
+    @pytest.mark.anyio
+    async def test_a_write_landing_between_the_read_and_the_resolve_is_kept(
+        self, store: StepStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The resolution is written only while the entry is as it was read, never as a whole entry:
+        a late end keeps its status, and of two resolutions the second is refused."""
+        runs = managed(store)
+        run_id = await new_run(runs)
+        for call in ('late', 'twice'):
+            await runs.record_tool_effect(_effect(run_id, call, 'started'))
+        read = runs.get_tool_effect
+        racing: list[Callable[[], Awaitable[object]]] = []
+
+        async def read_then_race(*, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+            found = await read(run_id=run_id, tool_call_id=tool_call_id)
+            while racing:
+                await racing.pop()()
+            return found
+
+        monkeypatch.setattr(runs, 'get_tool_effect', read_then_race)
+        racing.append(lambda: runs.record_tool_effect(_effect(run_id, 'late', 'completed')))
+        with pytest.raises(ValueError, match="ended 'completed'"):
+            await runs.resolve_tool_effect(run_id=run_id, tool_call_id='late', outcome='not_done', by='ops')
+        late = await read(run_id=run_id, tool_call_id='late')
+        assert late is not None and (late.status, late.resolution) == ('completed', None)
+        racing.append(
+            lambda: runs.resolve_tool_effect(run_id=run_id, tool_call_id='twice', outcome='not_done', by='first')
+        )
+        with pytest.raises(EffectAlreadyResolvedError, match="'first'"):
+            await runs.resolve_tool_effect(run_id=run_id, tool_call_id='twice', outcome='done', by='second')
+        twice = await read(run_id=run_id, tool_call_id='twice')
+        assert twice is not None and (twice.status, twice.resolution, twice.resolved_by) == (
+            'started',
+            'not_done',
+            'first',
+        )
 
     @pytest.mark.anyio
     async def test_bad_records_are_refused_before_anything_is_written(self, store: StepStore) -> None:

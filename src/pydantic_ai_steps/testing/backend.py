@@ -223,6 +223,49 @@ class BackendConformance:
         assert len(await backend.fetch_events(run_id)) == 1
 
     @pytest.mark.anyio
+    async def test_resolve_effect_writes_only_the_resolution_and_only_while_the_entry_allows(
+        self, backend: Backend
+    ) -> None:
+        run_id = await self.registered(backend)
+        encode = backend.encoding
+
+        def effect(call: str, status: Any, **resolution: Any) -> ToolEffectRecord:
+            return ToolEffectRecord(
+                tool_call_id=call, tool_name='t', run_id=run_id, status=status, started_at=T0, **resolution
+            )
+
+        def resolution(outcome: Any, by: str, note: str | None = None) -> Any:
+            return encode.resolution(
+                effect('', 'started', resolution=outcome, resolved_by=by, resolved_at=T0, resolution_note=note)
+            )
+
+        async def found(call: str) -> Any:
+            (row,) = self.rows(await backend.fetch_effects(run_id, tool_call_id=call))
+            return (row['status'], row.get('resolution'), row.get('resolved_by'), row.get('resolution_note'))
+
+        rows = [encode.effect(effect(call, status)) for call, status in (('a', 'started'), ('b', 'started'))]
+        rows.append(encode.effect(effect('c', 'completed')))
+        await backend.commit(WriteBatch(tool_effects=rows, run_ids=frozenset({run_id})))
+        assert await backend.resolve_effect(run_id, 'a', resolution('not_done', 'x', 'n'), overwrite=False)
+        assert await found('a') == ('started', 'not_done', 'x', 'n')
+        assert not await backend.resolve_effect(run_id, 'a', resolution('done', 'y'), overwrite=False)
+        assert await found('a') == ('started', 'not_done', 'x', 'n')  # an earlier resolution stays
+        assert not await backend.resolve_effect(run_id, 'c', resolution('done', 'y'), overwrite=True)
+        assert await found('c') == ('completed', None, None, None)  # only a `started` entry
+        assert not await backend.resolve_effect(run_id, 'nope', resolution('done', 'y'), overwrite=True)
+        assert await backend.resolve_effect(run_id, 'b', resolution('done', 'y', 'first'), overwrite=True)
+        assert await backend.resolve_effect(run_id, 'b', resolution('not_done', 'z'), overwrite=True)
+        assert await found('b') == ('started', 'not_done', 'z', None)  # a field left out is cleared
+        unresolved = self.rows(await backend.fetch_effects(run_id, unresolved_only=True))
+        assert unresolved == []
+        # An upsert of an entry already stored keeps its resolution, whatever the row says.
+        late = [encode.effect(effect('a', 'completed')), encode.effect(effect('b', 'failed', resolution='done'))]
+        await backend.commit(WriteBatch(tool_effects=late, run_ids=frozenset({run_id})))
+        assert await found('a') == ('completed', 'not_done', 'x', 'n')
+        assert await found('b') == ('failed', 'not_done', 'z', None)
+        assert [row['tool_call_id'] for row in self.rows(await backend.fetch_effects(run_id))] == ['a', 'b', 'c']
+
+    @pytest.mark.anyio
     async def test_deletion_and_text_search(self, backend: Backend) -> None:
         kept, gone = await self.registered(backend), await self.registered(backend)
         for run_id in (kept, gone):

@@ -9,7 +9,19 @@ from datetime import timedelta
 from ..._errors import RunAlreadyExistsError, RunNotFoundError
 from ..._records import RunQuery
 from ...media._protocol import MediaStore
-from ..backend import STALE, SUPPRESSED, CommitOutcome, LogEntry, LogSlice, Probe, Row, SnapshotRow, WriteBatch
+from ..backend import (
+    STALE,
+    SUPPRESSED,
+    CommitOutcome,
+    LogEntry,
+    LogSlice,
+    Probe,
+    Row,
+    SnapshotRow,
+    WriteBatch,
+    resolved_effect,
+    upserted_effect,
+)
 from ..base import StepStoreBase
 from ..codec import Encoding
 
@@ -104,7 +116,8 @@ class _MemoryBackend:
                 run.snapshots[next(self._seq)] = {**write.row, 'log_size': run.log_end}
                 outcome = run.log_end
         for row in batch.tool_effects:
-            self._runs[row['run_id']].effects[row['tool_call_id']] = row
+            effects = self._runs[row['run_id']].effects
+            effects[row['tool_call_id']] = upserted_effect(row, effects.get(row['tool_call_id']))
         for row in batch.events:
             run = self._runs[row['run_id']]
             key = row['idempotency_key']
@@ -116,6 +129,16 @@ class _MemoryBackend:
         for closing in batch.closings:
             self._runs[closing.run_id].row.update(status=closing.status, ended_at=closing.ended_at)
         return outcome
+
+    async def resolve_effect(self, run_id: str, tool_call_id: str, resolution: Row, *, overwrite: bool) -> bool:
+        run = self._runs.get(run_id)
+        entry = run.effects.get(tool_call_id) if run is not None else None
+        if run is None or entry is None or entry['status'] != 'started':
+            return False
+        if entry['resolution'] is not None and not overwrite:
+            return False
+        run.effects[tool_call_id] = resolved_effect(entry, resolution)
+        return True
 
     async def fetch_run(self, run_id: str) -> Row | None:
         run = self._runs.get(run_id)

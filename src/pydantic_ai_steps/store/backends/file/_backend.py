@@ -36,6 +36,8 @@ from ...backend import (
     SnapshotRow,
     SnapshotWrite,
     WriteBatch,
+    resolved_effect,
+    upserted_effect,
 )
 from ...codec import Encoding
 from .._offload import held, run_blocking, run_soon
@@ -171,12 +173,37 @@ class FileBackend:
                 state.event_keys.update(new_keys)
 
     def _append_effects(self, state: RunState, rows: list[Row]) -> None:
+        """Append ledger lines; an entry already resolved keeps its resolution (read under the lock)."""
         path = state.paths.effects
         with append_locked(path) as appender:
-            appender.write(b''.join(line(row) for row in rows), self.durable)
+            state.effects_tail.sync_fd(appender.fd, path, state.add_effect_lines)
+            latest: dict[str, Row] = {}
+            written: list[Row] = []
+            for row in rows:
+                call = row['tool_call_id']
+                latest[call] = upserted_effect(row, latest.get(call, state.effects.get(call)))
+                written.append(latest[call])
+            appender.write(b''.join(line(row) for row in written), self.durable)
             if state.effects_tail.follows(appender):
-                for row in rows:
-                    state.effects[row['tool_call_id']] = row
+                state.effects.update(latest)
+
+    async def resolve_effect(self, run_id: str, tool_call_id: str, resolution: Row, *, overwrite: bool) -> bool:
+        def resolve(state: RunState, _: None) -> bool:
+            path = state.paths.effects
+            with append_locked(path) as appender:
+                state.effects_tail.sync_fd(appender.fd, path, state.add_effect_lines)
+                entry = state.effects.get(tool_call_id)
+                if entry is None or entry.get('status') != 'started':
+                    return False
+                if entry.get('resolution') is not None and not overwrite:
+                    return False
+                row = resolved_effect(entry, resolution)
+                appender.write(line(row), self.durable)  # the last line of a call wins
+                if state.effects_tail.follows(appender):
+                    state.effects[tool_call_id] = row
+                return True
+
+        return await self._guarded(run_id, resolve, None)
 
     def _write_snapshot(self, state: RunState, write: SnapshotWrite) -> CommitOutcome:
         """Append the new message versions, write the snapshot file, ledger it.

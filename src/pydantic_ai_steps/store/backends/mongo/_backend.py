@@ -77,7 +77,7 @@ from ...backend import (
     SnapshotWrite,
     WriteBatch,
 )
-from ...codec import EFFECT_FIELDS, Encoding
+from ...codec import EFFECT_FIELDS, RESOLUTION_FIELDS, Encoding
 from ._layout import (
     COUNTERS,
     EFFECTS,
@@ -105,6 +105,8 @@ _PLACEHOLDER = 1 << 62
 """A seq or index not known yet, as large as any real one, so a size checked before the claim holds after it."""
 _PLAIN_KEY = re.compile(r'[A-Za-z0-9_]{1,64}')
 _CHUNK = 1000
+_NOT_UPSERTED = frozenset({'run_id', 'tool_call_id', *RESOLUTION_FIELDS})
+"""Fields an effect upsert leaves as stored: the key, and the resolution (see `resolve_effect`)."""
 _STUB_DROPS = (
     'step_index',
     'conversation_id',
@@ -185,9 +187,11 @@ class _Plan:
             plan.needs[run_id].effects += 1
             inserted = {'_id': ObjectId(), 'seq': _PLACEHOLDER}
             checked_document({**row, **inserted}, f'tool effect {call!r} of run {run_id!r}')
-            update: Document = {'$set': {k: v for k, v in row.items() if k not in ('run_id', 'tool_call_id')}}
+            # A stored entry keeps its resolution: only `resolve_effect` changes it.
+            inserted.update((k, v) for k, v in row.items() if k in RESOLUTION_FIELDS)
+            update: Document = {'$set': {k: v for k, v in row.items() if k not in _NOT_UPSERTED}}
             update['$setOnInsert'] = inserted
-            absent = {name: '' for name in EFFECT_FIELDS if name not in row}
+            absent = {name: '' for name in EFFECT_FIELDS if name not in row and name not in _NOT_UPSERTED}
             if absent:
                 update['$unset'] = absent
             plan.effects.append(({'run_id': run_id, 'tool_call_id': call}, update))
@@ -303,11 +307,14 @@ class MongoBackend:
 
     # --- writes -----------------------------------------------------------------------------
 
-    async def commit(self, batch: WriteBatch) -> CommitOutcome:
-        plan = _Plan.build(batch)  # every size and key checked before anything is sent
+    async def _for_writing(self) -> None:
         if not self._set_up:
             await set_up(self._database())
             self._set_up = self._readable = True
+
+    async def commit(self, batch: WriteBatch) -> CommitOutcome:
+        plan = _Plan.build(batch)  # every size and key checked before anything is sent
+        await self._for_writing()
         registered = batch.run['run_id'] if batch.run is not None else None
         claims: dict[str, _Claim] = {}
         snapshot_run = batch.snapshot.run_id if batch.snapshot is not None else None
@@ -442,6 +449,18 @@ class MongoBackend:
         undo += [Write(name, 'delete_many', {'_id': {'$in': values}}) for name, values in ids.items()]
         with contextlib.suppress(PyMongoError, WriteFailed):  # what stays is what a crash here would leave
             await self.writer.apply(undo)
+
+    async def resolve_effect(self, run_id: str, tool_call_id: str, resolution: Row, *, overwrite: bool) -> bool:
+        await self._for_writing()
+        selector: Document = {'run_id': run_id, 'tool_call_id': tool_call_id, 'status': 'started'}
+        if not overwrite:
+            selector['resolution'] = None  # also matches a document without the field
+        update: Document = {'$set': {name: resolution[name] for name in RESOLUTION_FIELDS if name in resolution}}
+        absent = {name: '' for name in RESOLUTION_FIELDS if name not in resolution}
+        if absent:
+            update['$unset'] = absent
+        found = await self._collection(EFFECTS).update_one(selector, update)
+        return found.matched_count == 1
 
     async def delete_snapshots(self, run_id: str, seqs: Sequence[int]) -> None:
         writes: list[Write] = []

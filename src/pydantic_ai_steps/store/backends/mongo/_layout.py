@@ -17,12 +17,17 @@ Collections of a step store's database:
   counter documents `counters.events` / `counters.snapshots`.
 
 Indexes (the seed's eight, with pymongo's default names, plus two unique ones the writes rely
-on and the message log's): `runs` conversation_id (sparse), parent_run_id (sparse), started_at;
-`events` (run_id, seq), (run_id, idempotency_key) unique for string keys; `snapshots`
-(run_id, seq desc), (run_id, state, seq desc), (run_id, idempotency_key) unique for string
-keys; `tool_effects` (run_id, tool_call_id) unique, (run_id, status); `message_log`
-(run_id, log_index) unique. The specifications match the upstream package's, so a database it
-created gets no second copy of an index.
+on, the message log's, and four on `runs` for the lookups the SQL stores index too): `runs`
+conversation_id (sparse), parent_run_id (sparse), started_at, (agent_name, started_at),
+pydantic_ai_run_id (sparse: `run_record_for`), (status, started_at), (status, ended_at) (the
+`status` filter of `list_runs` and `prune`); `events` (run_id, seq), (run_id, idempotency_key)
+unique for string keys; `snapshots` (run_id, seq desc), (run_id, state, seq desc),
+(run_id, idempotency_key) unique for string keys; `tool_effects` (run_id, tool_call_id) unique,
+(run_id, status); `message_log` (run_id, log_index) unique. The specifications of the seed's
+match the upstream package's, so a database it created gets no second copy of an index.
+
+Layout version 2 (this release) adds the four `runs` indexes to version 1; the first write to a
+database of version 1 (or the upstream package's) creates the indexes it lacks.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ RECORD_COLLECTIONS = (LOG, SNAPSHOTS, EVENTS, EFFECTS)
 """What a run's records live in (besides its `runs` document and its counter)."""
 
 LAYOUT_ID = 'layout'
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 PRUNED = 'pruned'
 """The `state` of a snapshot removed by retention that keeps its idempotency key claimed."""
 
@@ -59,6 +64,10 @@ INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([('conversation_id', ASCENDING)], sparse=True),
         IndexModel([('parent_run_id', ASCENDING)], sparse=True),
         IndexModel([('started_at', ASCENDING)]),
+        IndexModel([('agent_name', ASCENDING), ('started_at', ASCENDING)]),
+        IndexModel([('pydantic_ai_run_id', ASCENDING)], sparse=True),
+        IndexModel([('status', ASCENDING), ('started_at', ASCENDING)]),
+        IndexModel([('status', ASCENDING), ('ended_at', ASCENDING)]),
     ],
     EVENTS: [
         IndexModel([('run_id', ASCENDING), ('seq', ASCENDING)]),

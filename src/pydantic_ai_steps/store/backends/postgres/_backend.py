@@ -27,7 +27,7 @@ from ...backend import (
     SnapshotRow,
     WriteBatch,
 )
-from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RUN_FIELDS, SNAPSHOT_FIELDS, Encoding
+from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RESOLUTION_FIELDS, RUN_FIELDS, SNAPSHOT_FIELDS, Encoding
 from .._sql import POSTGRES, order_and_limit, run_filters
 from ._legacy import legacy_texts
 from ._pool import Connections, PostgresConnection, sqlstate
@@ -91,6 +91,24 @@ class PostgresBackend:
             return value
 
         return await self.connections.run(body, replay_safe=batch.replay_safe)
+
+    async def resolve_effect(self, run_id: str, tool_call_id: str, resolution: Row, *, overwrite: bool) -> bool:
+        columns = ', '.join(f'{name} = ${index}' for index, name in enumerate(RESOLUTION_FIELDS, start=3))
+        statement = (
+            f'UPDATE {self.table}_tool_effects SET {columns} '
+            "WHERE run_id = $1 AND tool_call_id = $2 AND status = 'started'"
+            + ('' if overwrite else ' AND resolution IS NULL')
+            + ' RETURNING 1'
+        )
+        values = [resolution.get(name) for name in RESOLUTION_FIELDS]
+
+        async def resolve(conn: PostgresConnection) -> bool:
+            await self._ready_to_write(conn)
+            return await conn.fetchval(statement, run_id, tool_call_id, *values) is not None
+
+        # Not replayed after a connection died with the outcome unknown: a replay of a write that
+        # landed would match nothing and read as a refusal. The error surfaces instead.
+        return await self.connections.run(resolve, replay_safe=False)
 
     async def delete_snapshots(self, run_id: str, seqs: Sequence[int]) -> None:
         if not seqs:

@@ -1,6 +1,7 @@
 """The PostgreSQL step store's tables under a prefix, their migrations, and reading a database not migrated yet.
 
-Version 1 is the layout this release writes (`{t}` is the table prefix):
+Version 2 is the layout this release writes (`{t}` is the table prefix; version 1 differs only in
+`{t}_commit`, which let an upsert clear a tool effect's resolution):
 
 - `{t}_runs` (`run_id` primary key; `seq` for a stable order among equal start times; `log_size`,
   where the run's message log ends, which every snapshot commit checks and moves under the run's
@@ -11,7 +12,8 @@ Version 1 is the layout this release writes (`{t}` is the table prefix):
   written, never as `jsonb`, which would reorder keys and break patches that address members
   by position);
 - `{t}_snapshot_keys` (claimed snapshot keys; they outlive pruning), `{t}_tool_effects` (primary
-  key `(run_id, tool_call_id)`, upserted; `seq` keeps the order calls were first recorded),
+  key `(run_id, tool_call_id)`, upserted except for the resolution columns, which only a resolve
+  writes; `seq` keeps the order calls were first recorded),
   `{t}_schema_version`;
 - two functions: `{t}_commit(...)`, one write of the capability as one statement, and
   `{t}_delete_runs(text[])`.
@@ -34,10 +36,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...._errors import SchemaVersionError
-from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RUN_FIELDS
+from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RESOLUTION_FIELDS, RUN_FIELDS
 from ._pool import PostgresConnection
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: the tables and functions below; 2: `{t}_commit` leaves a stored resolution in place."""
 PREFIX = re.compile(r'[a-z_][a-z0-9_]{0,39}')
 """Upstream's rule: lowercase, at most 40 characters, so every derived name stays under 63 bytes."""
 
@@ -168,7 +171,10 @@ def _commit_function(t: str) -> str:
     run_values = ', '.join(f'r_{name}' for name in RUN_FIELDS)
     effects = ', '.join(EFFECT_FIELDS)
     effect_arrays = ', '.join(f'f_{name}' for name in EFFECT_FIELDS)
-    effect_updates = ', '.join(f'{name} = EXCLUDED.{name}' for name in EFFECT_FIELDS[2:])
+    # A stored entry keeps its resolution: only `PostgresBackend.resolve_effect` writes it.
+    effect_updates = ', '.join(
+        f'{name} = EXCLUDED.{name}' for name in EFFECT_FIELDS[2:] if name not in RESOLUTION_FIELDS
+    )
     effect_firsts = ', '.join(f'f_{name}[1]' for name in EFFECT_FIELDS)
     events = ', '.join(EVENT_FIELDS)
     event_arrays = ', '.join(f'e_{name}' for name in EVENT_FIELDS)
@@ -354,7 +360,7 @@ async def migrate(conn: PostgresConnection, t: str) -> None:
         if found.has('snapshots') and 'messages' in found.columns['snapshots']:
             statements.append(f'ALTER TABLE {t}_snapshots ALTER COLUMN messages DROP NOT NULL')
         statements += _indexes(t)
-        if found.has('runs') and found.has('events'):
+        if found.version == 0 and found.has('runs') and found.has('events'):
             # Runs that closed before status existed: their closing event says how.
             statements.append(
                 f"UPDATE {t}_runs AS r SET status = CASE e.kind WHEN 'run_completed' THEN 'completed' "

@@ -14,7 +14,7 @@ from pathlib import Path
 from ...._errors import RunAlreadyExistsError, RunNotFoundError
 from ...._records import RunQuery
 from ...backend import STALE, SUPPRESSED, CommitOutcome, LogEntry, LogSlice, Probe, Row, SnapshotRow, WriteBatch
-from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RUN_FIELDS, SNAPSHOT_FIELDS, TEXT
+from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RESOLUTION_FIELDS, RUN_FIELDS, SNAPSHOT_FIELDS, TEXT
 from .._offload import run_blocking
 from .._sql import SQLITE, order_and_limit, run_filters
 from ._connection import SqliteConnection
@@ -31,7 +31,12 @@ _INSERT_EVENT = (
 _UPSERT_EFFECT = (
     f'INSERT INTO tool_effects ({", ".join(EFFECT_FIELDS)}) VALUES ({", ".join("?" * len(EFFECT_FIELDS))}) '
     f'ON CONFLICT (run_id, tool_call_id) DO UPDATE SET '
-    f'{", ".join(f"{column} = excluded.{column}" for column in EFFECT_FIELDS[2:])}'
+    f'{", ".join(f"{column} = excluded.{column}" for column in EFFECT_FIELDS[2:] if column not in RESOLUTION_FIELDS)}'
+)
+"""A stored entry keeps its resolution: only `_RESOLVE_EFFECT` writes it."""
+_RESOLVE_EFFECT = (
+    f'UPDATE tool_effects SET {", ".join(f"{column} = ?" for column in RESOLUTION_FIELDS)} '
+    "WHERE run_id = ? AND tool_call_id = ? AND status = 'started'"
 )
 _INSERT_RUN = f'INSERT INTO runs ({", ".join(RUN_FIELDS)}) VALUES ({", ".join("?" * len(RUN_FIELDS))})'
 _SNAPSHOT_COLUMNS = (*SNAPSHOT_FIELDS, 'messages')
@@ -115,6 +120,16 @@ class SqliteBackend(SqliteConnection):
                 'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) VALUES (?, ?)', (run_id, key)
             )
         return log_size
+
+    async def resolve_effect(self, run_id: str, tool_call_id: str, resolution: Row, *, overwrite: bool) -> bool:
+        statement = _RESOLVE_EFFECT if overwrite else _RESOLVE_EFFECT + ' AND resolution IS NULL'
+        params = (*(resolution.get(column) for column in RESOLUTION_FIELDS), run_id, tool_call_id)
+
+        def resolve(conn: sqlite3.Connection) -> bool:
+            with self._write(conn):
+                return conn.execute(statement, params).rowcount == 1
+
+        return await self._run(resolve, write=True)
 
     async def delete_snapshots(self, run_id: str, seqs: Sequence[int]) -> None:
         await self._run(lambda conn: self._delete_rows(conn, 'snapshots', 'seq', run_id, seqs), write=True)
