@@ -224,7 +224,10 @@ def test_sigkill_at_random_points_leaves_a_readable_consistent_store(
         zygote.start({**base, 'run_id': 'calibration', 'seed': 0, 'side': str(calibration), 'max_snapshots': None})
         duration = zygote.wait()['elapsed']
         assert side_channel(calibration)[2], 'the calibration run did not finish'
-        for attempt in range(kills):
+        attempt = -1
+        # More kills (up to twice as many) when the machine's speed moved since the calibration
+        # and too few landed in the middle of a run.
+        while (attempt := attempt + 1) < kills or (outcomes.get('continued', 0) < kills // 4 and attempt < 2 * kills):
             run_id = f'crash-{attempt}'
             side = tmp_path / f'side-{attempt}.txt'
             command = {
