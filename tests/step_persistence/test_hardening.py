@@ -8,6 +8,7 @@ import os
 import shutil
 import sqlite3
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,26 @@ async def test_planted_links_are_never_followed(tmp_path: Path) -> None:
         await FileStepStore(root).register_run(RunRecord(run_id='linked'))
     assert target.read_text() == 'precious\n'
     assert os.listdir(outside / 'fake-run') == []
+
+
+async def test_entries_of_another_user_are_refused(
+    tmp_path: Path, give_away: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / 'store'
+    store = FileStepStore(root)
+    for run_id in ('r', 'theirs'):
+        await store.register_run(RunRecord(run_id=run_id))
+        await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
+    give_away(root / 'r' / 'events.jsonl')
+    give_away(root / 'theirs')
+    for writer in (store, FileStepStore(root)):  # a run this process has open, and one it opens now
+        with pytest.raises(PermissionError, match=r'events\.jsonl belongs to another user'):
+            await writer.append_event(StepEvent(run_id='r', kind='run_completed', step_index=1))
+    with pytest.raises(PermissionError, match=r'run folder .*theirs belongs to another user'):
+        await FileStepStore(root).append_event(StepEvent(run_id='theirs', kind='run_completed', step_index=1))
+    reader = FileStepStore(root)
+    assert await reader.list_events(run_id='r') == []  # read as empty, with a warning
+    assert 'belongs to another user' in caplog.text
 
 
 # --- 10. owner-only files ------------------------------------------------------------------------------

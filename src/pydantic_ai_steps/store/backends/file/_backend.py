@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...._errors import RunAlreadyExistsError, RunNotFoundError
-from ...._files import fsync_dir
+from ...._files import UnsafeEntryError, check_directory, ensure_directory, fsync_dir
 from ...._records import RunQuery
 from ...backend import (
     STALE,
@@ -42,9 +42,7 @@ from .._offload import held, run_blocking, run_soon
 from ._formats import log_line, peek_state, snapshot_body, snapshot_seqs
 from ._index import RunIndex
 from ._io import (
-    UnsafeEntryError,
     append_locked,
-    check_directory,
     json_object,
     line,
     logger,
@@ -128,8 +126,7 @@ class FileBackend:
             raise RunAlreadyExistsError(run_id)
         if not self._root.exists():
             make_dir(self._root)
-        created = make_dir(paths.run_dir)
-        check_directory(paths.run_dir, 'run folder')
+        created = ensure_directory(paths.run_dir, 'run folder')
         if created and self.durable:
             fsync_dir(self._root)
         text = line(row)
@@ -188,9 +185,8 @@ class FileBackend:
         durable = self.durable
         with append_locked(paths.messages) as log:
             if not state.snapshots_dir_ready:
-                if make_dir(paths.snapshots) and durable:
+                if ensure_directory(paths.snapshots, 'snapshot folder') and durable:
                     fsync_dir(paths.run_dir)
-                check_directory(paths.snapshots, 'snapshot folder')
                 state.snapshots_dir_ready = True
             self._sync_ledger(state)
             key = write.key

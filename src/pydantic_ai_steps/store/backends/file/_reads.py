@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 from typing import cast
 
+from ...._files import UnsafeEntryError, check_directory
 from ...._records import RunQuery
 from ...backend import Damaged, LogEntry, LogSlice, Probe, Row, SnapshotRow
 from ._formats import parse_log_line, read_snapshot_file, snapshot_seqs
 from ._index import RunIndex
-from ._io import UnsafeEntryError, check_directory, json_object, last_line, logger, read_bytes, read_lines
+from ._io import json_object, last_line, logger, read_bytes, read_lines
 from ._paths import INDEX_DIR, SNAPSHOTS_DIR, is_run_dir_name, run_dir_name
 from ._state import REMOVED_PREFIX, RunPaths
 
