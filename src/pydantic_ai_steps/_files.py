@@ -40,6 +40,16 @@ def check_directory(path: Path | str, what: str) -> bool:
     return True
 
 
+def check_file(path: Path | str, what: str) -> bool:
+    """Whether `path` is a regular file owned by this user; `False` if absent; else `UnsafeEntryError`."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    check_entry(info, path, what, directory=False)
+    return True
+
+
 def ensure_directory(path: Path, what: str) -> bool:
     """Create `path` (0o700; its parent must exist) unless it is there, then `check_directory` it;
     `True` if this call created it."""

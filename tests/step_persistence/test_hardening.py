@@ -95,6 +95,7 @@ async def test_planted_links_are_never_followed(tmp_path: Path) -> None:
     (root / '_index' / 'runs.jsonl').symlink_to(target)
     with pytest.raises(PermissionError, match='symbolic link'):
         await FileStepStore(root).register_run(RunRecord(run_id='other'))
+    assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['r']  # scanned instead
     # A link in place of a run folder.
     (outside / 'fake-run').mkdir()
     (root / 'linked').symlink_to(outside / 'fake-run')
@@ -122,6 +123,36 @@ async def test_entries_of_another_user_are_refused(
     reader = FileStepStore(root)
     assert await reader.list_events(run_id='r') == []  # read as empty, with a warning
     assert 'belongs to another user' in caplog.text
+    assert [run.run_id for run in await reader.list_runs()] == ['r']  # the other user's folder is skipped
+
+
+async def test_a_linked_index_folder_is_never_followed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root, outside = tmp_path / 'store', tmp_path / 'outside'
+    outside.mkdir()
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='r'))
+    shutil.rmtree(root / '_index')
+    (root / '_index').symlink_to(outside, target_is_directory=True)
+    for writer in (store, FileStepStore(root)):
+        with pytest.raises(PermissionError, match=r'index folder .*_index is a symbolic link'):
+            await writer.register_run(RunRecord(run_id='other'))
+    assert os.listdir(outside) == []
+    for reader in (store, FileStepStore(root)):  # readers scan the run folders instead, with a warning
+        assert [run.run_id for run in await reader.list_runs()] == ['r']
+    assert 'ignoring the run index' in caplog.text
+
+
+@pytest.mark.parametrize('entry', ['_index', '_index/runs.jsonl'])
+async def test_an_index_of_another_user_is_refused(
+    tmp_path: Path, entry: str, give_away: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / 'store'
+    await FileStepStore(root).register_run(RunRecord(run_id='r'))
+    give_away(root / entry)
+    with pytest.raises(PermissionError, match='belongs to another user'):
+        await FileStepStore(root).register_run(RunRecord(run_id='other'))
+    assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['r']
+    assert 'ignoring the run index' in caplog.text
 
 
 # --- 10. owner-only files ------------------------------------------------------------------------------

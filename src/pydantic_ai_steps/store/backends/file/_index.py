@@ -12,7 +12,9 @@ store directory's modification time changed since it last looked, it lists the d
 reads the `run.json` of every folder it does not know, and a writer appends their lines.
 
 Reading never writes: a missing index is rebuilt in memory by a scan, and written only by the
-next registration.
+next registration. An index that is not safe to use (`_index` or `runs.jsonl` a link, or another
+user's) is ignored with a warning by readers, which scan the folders instead, and refused by
+writers.
 """
 
 from __future__ import annotations
@@ -22,17 +24,19 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ...._files import UnsafeEntryError, check_directory, check_file, ensure_directory
 from ...backend import Damaged
 from ...codec import Row
 from .._offload import held
-from ._io import Tail, append_locked, json_object, line, logger, make_dir, read_bytes, write_exclusive
+from ._io import Tail, append_locked, json_object, line, logger, read_bytes, write_exclusive
 from ._paths import INDEX_DIR, INDEX_FILE, RUN_FILE, is_run_dir_name, run_dir_name
 
 
 class RunIndex:
     def __init__(self, root: Path, durable: Callable[[], bool]) -> None:
         self._root = root
-        self._path = root / INDEX_DIR / INDEX_FILE
+        self._dir = root / INDEX_DIR
+        self._path = self._dir / INDEX_FILE
         self._durable = durable
         self._lock = threading.Lock()
         self._tail = Tail()
@@ -58,6 +62,7 @@ class RunIndex:
         damage this process saw, so the next reader neither misses those runs nor warns again.
         """
         for _ in range(3):
+            check_directory(self._dir, 'index folder')  # absent: the append below finds no file
             try:
                 with append_locked(self._path, lock=False) as appender:
                     adopted = list(self._noticed.values())  # a copy: no lock may be waited for here
@@ -113,27 +118,39 @@ class RunIndex:
         if row is not None:
             return row
         lines = self._lines.get(run_id) or [self._noticed[run_id]]
-        run_file = self._root / run_dir_name(run_id) / RUN_FILE
-        if len(lines) == 1 and (run_id in self._registered_here or run_file.exists()):
-            row = lines[0]
-        else:
-            try:
-                row = json_object(read_bytes(run_file))
-            except (FileNotFoundError, NotADirectoryError):
+        run_dir = self._root / run_dir_name(run_id)
+        run_file = run_dir / RUN_FILE
+        try:
+            if not check_directory(run_dir, 'run folder'):
                 return None
-            except (OSError, ValueError) as error:
-                logger.warning('unreadable run record %s (%s); using its index entry', run_file, error)
-                row = lines[-1]
+            if len(lines) == 1 and (run_id in self._registered_here or check_file(run_file, 'run record')):
+                row = lines[0]
+            else:
+                row = json_object(read_bytes(run_file))
+        except UnsafeEntryError as error:
+            logger.warning('skipping run %r: %s', run_id, error)
+            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, ValueError) as error:
+            logger.warning('unreadable run record %s (%s); using its index entry', run_file, error)
+            row = lines[-1]
         self._confirmed[run_id] = row
         return row
 
     def _refresh(self) -> None:
-        if not self._path.exists():
+        try:
+            present = check_directory(self._dir, 'index folder') and os.path.lexists(self._path)
+            if present:
+                self._tail.sync_path(self._path, self._add_lines)
+        except UnsafeEntryError as error:
+            logger.warning('ignoring the run index (%s); scanning the run folders instead', error)
+            present = False
+        if not present:
             self._tail.reset()
             self._reset()
             self._scan_folders()
             return
-        self._tail.sync_path(self._path, self._add_lines)
         if self._needs_repair:
             self._scan_folders()
             self._needs_repair = False
@@ -218,6 +235,7 @@ class RunIndex:
                 continue
             run_file = Path(entry.path, RUN_FILE)
             try:
+                check_directory(entry.path, 'run folder')  # unsafe: reported below, as an unreadable one
                 row = json_object(read_bytes(run_file))
             except (FileNotFoundError, NotADirectoryError):
                 continue
@@ -230,12 +248,12 @@ class RunIndex:
 
     def _create(self) -> None:
         """Write the index file from the run folders (first registration, or after it was deleted)."""
-        if self._path.exists():
+        if os.path.lexists(self._path):
             return
         self._reset()
         self._scan_folders()
         text = b''.join(line(row) for row in self._noticed.values())
-        if make_dir(self._path.parent) and self._durable():
+        if ensure_directory(self._dir, 'index folder') and self._durable():
             from ...._files import fsync_dir
 
             fsync_dir(self._root)
