@@ -155,6 +155,33 @@ async def test_an_index_of_another_user_is_refused(
     assert 'ignoring the run index' in caplog.text
 
 
+async def test_a_linked_trash_folder_is_never_followed(tmp_path: Path) -> None:
+    root, outside = tmp_path / 'store', tmp_path / 'outside'
+    outside.mkdir()
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='r'))
+    (root / '_index' / 'trash').symlink_to(outside, target_is_directory=True)
+    with pytest.raises(PermissionError, match=r'trash folder .*trash is a symbolic link'):
+        await store.delete_run('r')
+    assert os.listdir(outside) == []
+    assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['r']  # nothing was moved
+
+
+async def test_a_deletion_cut_short_is_finished_by_the_next_one(tmp_path: Path) -> None:
+    root = tmp_path / 'store'
+    store = FileStepStore(root)
+    for run_id in ('a', 'b'):
+        await store.register_run(RunRecord(run_id=run_id))
+        await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
+    (root / '_index' / 'trash').mkdir()
+    os.rename(root / 'a', root / '_index' / 'trash' / 'cut-short')  # the process died in the rmtree
+    (root / '_index' / 'trash' / 'cut-short' / 'events.jsonl').unlink()
+    assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['b']
+    assert await FileStepStore(root).delete_run('b') == ['b']
+    assert os.listdir(root / '_index' / 'trash') == []
+    assert await FileStepStore(root).list_runs() == []
+
+
 # --- 10. owner-only files ------------------------------------------------------------------------------
 
 

@@ -259,7 +259,7 @@ class FileBackend:
 
     def _delete_runs(self, run_ids: list[str]) -> list[str]:
         """Move each run's folder out of the store in one rename, then remove it."""
-        trash = self._root / INDEX_DIR / TRASH_DIR
+        trash: Path | None = None
         removed: list[str] = []
         for run_id in run_ids:
             run_dir = self._root / run_dir_name(run_id)
@@ -269,7 +269,8 @@ class FileBackend:
             except UnsafeEntryError:
                 logger.warning('not deleting %s: it is not a folder this store made', run_dir)
                 continue
-            make_dir(trash)
+            if trash is None:  # checked before the first rename: an unsafe trash stops the call, nothing moved
+                trash = self._trash()
             target = trash / uuid.uuid4().hex
             try:
                 os.rename(run_dir, target)
@@ -282,6 +283,24 @@ class FileBackend:
         if self.durable and removed:
             fsync_dir(self._root)
         return removed
+
+    def _trash(self) -> Path:
+        """`_index/trash`, made if missing, both checked: a run folder is never moved through a link.
+
+        Anything in it is a deletion cut short (the process died in `rmtree`), removed now.
+        """
+        ensure_directory(self._root / INDEX_DIR, 'index folder')
+        trash = self._root / INDEX_DIR / TRASH_DIR
+        ensure_directory(trash, 'trash folder')
+        with os.scandir(trash) as entries:
+            leftovers = list(entries)
+        for entry in leftovers:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+        return trash
 
     async def delete_log_entries(self, run_id: str, indices: Sequence[int]) -> None:
         await self._guarded(run_id, self._rewrite_log, set(indices))
