@@ -126,6 +126,29 @@ async def test_entries_of_another_user_are_refused(
     assert [run.run_id for run in await reader.list_runs()] == ['r']  # the other user's folder is skipped
 
 
+async def test_a_linked_run_folder_is_read_by_no_reader(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root, elsewhere = tmp_path / 'store', tmp_path / 'elsewhere'
+    other = FileStepStore(elsewhere)
+    await other.register_run(RunRecord(run_id='r', conversation_id='c'))
+    await other.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+    await other.save_snapshot(snap('r', history(2), 2))
+    await FileStepStore(root).register_run(RunRecord(run_id='mine', conversation_id='c'))
+    (root / 'r').symlink_to(elsewhere / 'r', target_is_directory=True)
+    reader = FileStepStore(root)
+    assert [run.run_id for run in await reader.list_runs(conversation_id='c')] == ['mine']
+    assert await reader.get_run(run_id='r') is None
+    assert await reader.list_events(run_id='r') == []
+    assert await reader.latest_snapshot(run_id='r') is None
+    assert await reader.list_snapshots(run_id='r') == []
+    assert 'is a symbolic link' in caplog.text
+    # The same for a folder that the index names, replaced by a link after it was listed.
+    assert [run.run_id for run in await reader.list_runs()] == ['mine']
+    shutil.rmtree(root / 'mine')
+    (root / 'mine').symlink_to(elsewhere / 'r', target_is_directory=True)
+    assert await FileStepStore(root).list_runs() == []
+    assert await FileStepStore(root).get_run(run_id='mine') is None
+
+
 async def test_a_linked_index_folder_is_never_followed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root, outside = tmp_path / 'store', tmp_path / 'outside'
     outside.mkdir()
