@@ -74,6 +74,25 @@ async def test_a_run_folder_copied_in_is_listed(tmp_path: Path) -> None:
     assert '"run_id":"shipped"' in lines
 
 
+async def test_a_run_folder_copied_back_after_its_deletion_is_listed(tmp_path: Path) -> None:
+    root = tmp_path / 'store'
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='r', conversation_id='c', started_at=T0))
+    await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+    shutil.copytree(root / 'r', tmp_path / 'backup')
+    assert await store.delete_run('r') == ['r']
+    assert await store.list_runs(conversation_id='c') == []
+    shutil.copytree(tmp_path / 'backup', root / 'r')
+    for reader in (store, FileStepStore(root)):
+        assert [run.run_id for run in await reader.list_runs(conversation_id='c')] == ['r']
+        assert await reader.get_run(run_id='r') is not None
+    await store.register_run(RunRecord(run_id='later', conversation_id='c', started_at=T0))
+    assert [run.run_id for run in await FileStepStore(root).list_runs(conversation_id='c')] == ['r', 'later']
+    assert await FileStepStore(root).delete_run('r') == ['r']  # and it can be deleted again
+    for reader in (store, FileStepStore(root)):
+        assert [run.run_id for run in await reader.list_runs(conversation_id='c')] == ['later']
+
+
 # --- 9. links planted in a File store --------------------------------------------------------------
 
 

@@ -4,7 +4,10 @@ Lines are full run rows (a registration), `{"deleted": run_id}` (a deletion), or
 `{"repaired_through": offset}` (damage before that offset was handled). Which runs exist is
 decided by `run.json`: a line whose run has no `run.json` is a registration that has not finished
 (or never will); when a run has several lines (a registration raced a duplicate), `run.json` says
-which one is real.
+which one is real. A deletion line only tells other processes to forget the run: it hides no
+folder. A deletion moves the run's folder into `_index/trash` in one rename before its line is
+written, so a half-deleted folder is never at a run's name, and a folder there with a valid
+`run.json` (copied back, say) is a run again.
 
 Runs whose folder was made by another program (the upstream package writing the same
 directory, or a run folder copied in) have no index line. The index notices them: whenever the
@@ -43,7 +46,6 @@ class RunIndex:
         self._lines: dict[str, list[Row]] = {}
         self._confirmed: dict[str, Row] = {}
         self._registered_here: set[str] = set()
-        self._deleted: set[str] = set()
         self._repaired_through = 0
         self._needs_repair = False
         self._damaged = False
@@ -94,8 +96,6 @@ class RunIndex:
             candidates = [*self._lines, *(run_id for run_id in self._noticed if run_id not in self._lines)]
             found: list[Row] = []
             for run_id in candidates:
-                if run_id in self._deleted:
-                    continue
                 row = self._confirm(run_id)
                 if row is not None and all(row.get(name) == value for name, value in wanted.items()):
                     found.append(row)
@@ -160,7 +160,6 @@ class RunIndex:
     def _reset(self) -> None:
         self._lines.clear()
         self._confirmed.clear()
-        self._deleted.clear()
         self._noticed.clear()
         self._unreadable.clear()
         self._repaired_through = 0
@@ -195,11 +194,10 @@ class RunIndex:
                 self._repaired_through = max(self._repaired_through, repaired)
                 self._needs_repair = self._damaged = False
             elif isinstance(deleted, str):
-                self._deleted.add(deleted)
                 self._confirmed.pop(deleted, None)
                 self._lines.pop(deleted, None)
+                self._noticed.pop(deleted, None)
             elif isinstance(run_id, str):
-                self._deleted.discard(run_id)
                 lines_of_run = self._lines.setdefault(run_id, [])
                 lines_of_run.append(data)
                 self._noticed.pop(run_id, None)
@@ -243,7 +241,7 @@ class RunIndex:
                 self._unreadable[entry.name] = Damaged(f'run record {run_file}', str(error))  # the kernel warns
                 continue
             run_id = row.get('run_id')
-            if isinstance(run_id, str) and run_dir_name(run_id) == entry.name and run_id not in self._deleted:
+            if isinstance(run_id, str) and run_dir_name(run_id) == entry.name:
                 self._noticed[run_id] = row
 
     def _create(self) -> None:
