@@ -9,11 +9,12 @@ import shutil
 import sqlite3
 import stat
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import BinaryContent, ModelRequest, UserPromptPart
+from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import FileStepStore, RunRecord, SqliteStepStore, StepEvent, ToolEffectRecord
@@ -195,6 +196,30 @@ async def test_an_index_of_another_user_is_refused(
         await FileStepStore(root).register_run(RunRecord(run_id='other'))
     assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['r']
     assert 'ignoring the run index' in caplog.text
+
+
+async def test_a_linked_media_folder_is_never_followed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root, outside = tmp_path / 'store', tmp_path / 'outside'
+    outside.mkdir()
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='r'))
+
+    def with_image(seed: bytes) -> list[ModelMessage]:
+        image = BinaryContent(seed * 20_000, media_type='image/png')
+        return [ModelRequest(parts=[UserPromptPart(['x', image], timestamp=T0)])]
+
+    await store.save_snapshot(snap('r', with_image(b'\x89PNG')))
+    shutil.move(root / 'media', outside / 'media')
+    (root / 'media').symlink_to(outside / 'media', target_is_directory=True)
+    before = sorted(os.listdir(outside / 'media'))
+    for writer in (store, FileStepStore(root)):
+        with pytest.raises(PermissionError, match=r'media folder .*media is a symbolic link'):
+            await writer.save_snapshot(snap('r', with_image(b'GIF8'), 2))
+    assert await FileStepStore(root).latest_snapshot(run_id='r') is None  # skipped with a warning
+    assert 'symbolic link' in caplog.text
+    await store.delete_run('r')
+    await store.collect_garbage(grace=timedelta(0))  # lists no blob through the link, so deletes none
+    assert sorted(os.listdir(outside / 'media')) == before
 
 
 async def test_a_linked_trash_folder_is_never_followed(tmp_path: Path) -> None:
