@@ -14,7 +14,9 @@ or arms a fail point (which acts on every client), does it to a private server i
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +63,41 @@ def private_mongodb(private_mongodb_server: PrivateMongoDB) -> PrivateMongoDB:
     if not private_mongodb_server.running:  # a test that failed while it was down
         private_mongodb_server.start()
     return private_mongodb_server
+
+
+class _StatAs:
+    """A stat result that reports another owner."""
+
+    def __init__(self, info: os.stat_result, uid: int) -> None:
+        self._info = info
+        self.st_uid = uid
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._info, name)
+
+
+@pytest.fixture
+def give_away(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
+    """Make an entry look owned by another user to `os.lstat`, `os.stat` and `os.fstat`.
+
+    `chown` to another user needs root, so the owner is changed in what the stat calls report
+    (by inode), which works for every user and in CI. The entry itself is left as it is.
+    """
+    foreign: set[tuple[int, int]] = set()
+    other = (os.geteuid() + 1) if hasattr(os, 'geteuid') else 1
+
+    def patched(real: Callable[..., os.stat_result]) -> Callable[..., Any]:
+        def stat_call(*args: Any, **kwargs: Any) -> Any:
+            info = real(*args, **kwargs)
+            return _StatAs(info, other) if (info.st_dev, info.st_ino) in foreign else info
+
+        return stat_call
+
+    for name in ('lstat', 'stat', 'fstat'):
+        monkeypatch.setattr(os, name, patched(getattr(os, name)))
+
+    def give(path: Path) -> None:
+        info = os.lstat(path)
+        foreign.add((info.st_dev, info.st_ino))
+
+    return give

@@ -3,8 +3,74 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
+
+_euid: int | None = None
+"""This process's effective user id, as last asked (see `_is_own`)."""
+
+
+class UnsafeEntryError(PermissionError):
+    """A store entry that is a link, not the kind of entry expected there, or owned by another user."""
+
+
+def check_entry(info: os.stat_result, path: Path | str, what: str, *, directory: bool) -> None:
+    """The one rule for every entry a store uses: not a link, a directory or a regular file as
+    expected, owned by this user. `info` is the entry's `lstat` (or the `fstat` of a descriptor
+    opened with `O_NOFOLLOW`), so checking costs no system call of its own."""
+    mode = info.st_mode
+    if stat.S_ISLNK(mode):
+        raise UnsafeEntryError(f'{what} {path} is a symbolic link; the store does not follow links')
+    if directory and not stat.S_ISDIR(mode):
+        raise UnsafeEntryError(f'{what} {path} is not a directory')
+    if not directory and not stat.S_ISREG(mode):
+        raise UnsafeEntryError(f'{what} {path} is not a regular file')
+    if not _is_own(info.st_uid):
+        raise UnsafeEntryError(f'{what} {path} belongs to another user (uid {info.st_uid}); refusing to use it')
+
+
+def check_directory(path: Path | str, what: str) -> bool:
+    """Whether `path` is a real directory owned by this user; `False` if absent; else `UnsafeEntryError`."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    check_entry(info, path, what, directory=True)
+    return True
+
+
+def check_file(path: Path | str, what: str) -> bool:
+    """Whether `path` is a regular file owned by this user; `False` if absent; else `UnsafeEntryError`."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    check_entry(info, path, what, directory=False)
+    return True
+
+
+def ensure_directory(path: Path, what: str) -> bool:
+    """Create `path` (0o700; its parent must exist) unless it is there, then `check_directory` it;
+    `True` if this call created it."""
+    try:
+        os.mkdir(path, 0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    check_directory(path, what)
+    return created
+
+
+def _is_own(uid: int) -> bool:
+    """Whether `uid` is this process's effective user. The id is remembered and asked again only
+    on a mismatch, so the check on the append path costs no system call; a process that changed
+    its user still takes the entries it made before as its own."""
+    global _euid
+    if uid == _euid or not hasattr(os, 'geteuid'):
+        return True
+    _euid = os.geteuid()
+    return uid == _euid
 
 
 def fsync_dir(path: Path) -> None:

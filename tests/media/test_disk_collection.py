@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -182,6 +183,53 @@ async def test_a_planted_link_is_never_followed(tmp_path: Path) -> None:
     assert target.stat().st_mtime == OLD
     assert await store.delete(uri) is True  # the link goes; what it pointed to stays
     assert target.read_bytes() == b'linked' and target.stat().st_mtime == OLD
+
+
+def fanned_out(uri: str, context: MediaContext) -> str:
+    return f'{digest(uri)[:2]}/{digest(uri)}.bin'
+
+
+@pytest.mark.parametrize('planted', ['root', 'subfolder'])
+async def test_a_linked_folder_is_never_entered(tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture) -> None:
+    root, outside = tmp_path / 'media', tmp_path / 'outside'
+    payloads = [b'kept apart', b'large' * (1 << 19)]  # a small put and a large one
+    uris = [media_uri_for(payload) for payload in payloads]
+    if planted == 'root':
+        root.symlink_to(outside, target_is_directory=True)
+    for uri, payload in zip(uris, payloads, strict=True):
+        prefix = digest(uri)[:2]
+        if planted == 'subfolder':
+            (root / prefix).parent.mkdir(exist_ok=True)
+            (root / prefix).symlink_to(outside / prefix, target_is_directory=True)
+        (outside / prefix).mkdir(parents=True)
+        (outside / prefix / f'{digest(uri)}.bin').write_bytes(payload)  # what a follower would find
+    before = files(outside)
+    store = DiskMediaStore(root, key_strategy=fanned_out)
+    for uri, payload in zip(uris, payloads, strict=True):
+        with pytest.raises(PermissionError, match=r'media folder .* is a symbolic link'):
+            await store.put(payload)
+        for read in (store.get, store.exists, store.get_metadata, store.delete):
+            with pytest.raises(PermissionError, match='symbolic link'):
+                await read(uri)
+    assert await listed(store) == {}  # a linked root with a warning, a linked subfolder as any link
+    assert ('not listing the blobs in media folder' in caplog.text) == (planted == 'root')
+    assert files(outside) == before
+    for uri, payload in zip(uris, payloads, strict=True):
+        assert (outside / digest(uri)[:2] / f'{digest(uri)}.bin').read_bytes() == payload
+
+
+async def test_a_folder_of_another_user_is_refused(
+    tmp_path: Path, give_away: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    store = DiskMediaStore(tmp_path / 'media', key_strategy=fanned_out)
+    uri = await store.put(b'theirs')
+    give_away(tmp_path / 'media' / digest(uri)[:2])
+    with pytest.raises(PermissionError, match='belongs to another user'):
+        await store.put(b'theirs')
+    with pytest.raises(PermissionError, match='belongs to another user'):
+        await store.delete(uri)
+    assert await listed(store) == {}
+    assert 'belongs to another user' in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,13 @@ import os
 import shutil
 import sqlite3
 import stat
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import BinaryContent, ModelRequest, UserPromptPart
+from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import FileStepStore, RunRecord, SqliteStepStore, StepEvent, ToolEffectRecord
@@ -73,6 +75,25 @@ async def test_a_run_folder_copied_in_is_listed(tmp_path: Path) -> None:
     assert '"run_id":"shipped"' in lines
 
 
+async def test_a_run_folder_copied_back_after_its_deletion_is_listed(tmp_path: Path) -> None:
+    root = tmp_path / 'store'
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='r', conversation_id='c', started_at=T0))
+    await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+    shutil.copytree(root / 'r', tmp_path / 'backup')
+    assert await store.delete_run('r') == ['r']
+    assert await store.list_runs(conversation_id='c') == []
+    shutil.copytree(tmp_path / 'backup', root / 'r')
+    for reader in (store, FileStepStore(root)):
+        assert [run.run_id for run in await reader.list_runs(conversation_id='c')] == ['r']
+        assert await reader.get_run(run_id='r') is not None
+    await store.register_run(RunRecord(run_id='later', conversation_id='c', started_at=T0))
+    assert [run.run_id for run in await FileStepStore(root).list_runs(conversation_id='c')] == ['r', 'later']
+    assert await FileStepStore(root).delete_run('r') == ['r']  # and it can be deleted again
+    for reader in (store, FileStepStore(root)):
+        assert [run.run_id for run in await reader.list_runs(conversation_id='c')] == ['later']
+
+
 # --- 9. links planted in a File store --------------------------------------------------------------
 
 
@@ -94,6 +115,7 @@ async def test_planted_links_are_never_followed(tmp_path: Path) -> None:
     (root / '_index' / 'runs.jsonl').symlink_to(target)
     with pytest.raises(PermissionError, match='symbolic link'):
         await FileStepStore(root).register_run(RunRecord(run_id='other'))
+    assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['r']  # scanned instead
     # A link in place of a run folder.
     (outside / 'fake-run').mkdir()
     (root / 'linked').symlink_to(outside / 'fake-run')
@@ -101,6 +123,130 @@ async def test_planted_links_are_never_followed(tmp_path: Path) -> None:
         await FileStepStore(root).register_run(RunRecord(run_id='linked'))
     assert target.read_text() == 'precious\n'
     assert os.listdir(outside / 'fake-run') == []
+
+
+async def test_entries_of_another_user_are_refused(
+    tmp_path: Path, give_away: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / 'store'
+    store = FileStepStore(root)
+    for run_id in ('r', 'theirs'):
+        await store.register_run(RunRecord(run_id=run_id))
+        await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
+    give_away(root / 'r' / 'events.jsonl')
+    give_away(root / 'theirs')
+    for writer in (store, FileStepStore(root)):  # a run this process has open, and one it opens now
+        with pytest.raises(PermissionError, match=r'events\.jsonl belongs to another user'):
+            await writer.append_event(StepEvent(run_id='r', kind='run_completed', step_index=1))
+    with pytest.raises(PermissionError, match=r'run folder .*theirs belongs to another user'):
+        await FileStepStore(root).append_event(StepEvent(run_id='theirs', kind='run_completed', step_index=1))
+    reader = FileStepStore(root)
+    assert await reader.list_events(run_id='r') == []  # read as empty, with a warning
+    assert 'belongs to another user' in caplog.text
+    assert [run.run_id for run in await reader.list_runs()] == ['r']  # the other user's folder is skipped
+
+
+async def test_a_linked_run_folder_is_read_by_no_reader(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root, elsewhere = tmp_path / 'store', tmp_path / 'elsewhere'
+    other = FileStepStore(elsewhere)
+    await other.register_run(RunRecord(run_id='r', conversation_id='c'))
+    await other.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+    await other.save_snapshot(snap('r', history(2), 2))
+    await FileStepStore(root).register_run(RunRecord(run_id='mine', conversation_id='c'))
+    (root / 'r').symlink_to(elsewhere / 'r', target_is_directory=True)
+    reader = FileStepStore(root)
+    assert [run.run_id for run in await reader.list_runs(conversation_id='c')] == ['mine']
+    assert await reader.get_run(run_id='r') is None
+    assert await reader.list_events(run_id='r') == []
+    assert await reader.latest_snapshot(run_id='r') is None
+    assert await reader.list_snapshots(run_id='r') == []
+    assert 'is a symbolic link' in caplog.text
+    # The same for a folder that the index names, replaced by a link after it was listed.
+    assert [run.run_id for run in await reader.list_runs()] == ['mine']
+    shutil.rmtree(root / 'mine')
+    (root / 'mine').symlink_to(elsewhere / 'r', target_is_directory=True)
+    assert await FileStepStore(root).list_runs() == []
+    assert await FileStepStore(root).get_run(run_id='mine') is None
+
+
+async def test_a_linked_index_folder_is_never_followed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root, outside = tmp_path / 'store', tmp_path / 'outside'
+    outside.mkdir()
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='r'))
+    shutil.rmtree(root / '_index')
+    (root / '_index').symlink_to(outside, target_is_directory=True)
+    for writer in (store, FileStepStore(root)):
+        with pytest.raises(PermissionError, match=r'index folder .*_index is a symbolic link'):
+            await writer.register_run(RunRecord(run_id='other'))
+    assert os.listdir(outside) == []
+    for reader in (store, FileStepStore(root)):  # readers scan the run folders instead, with a warning
+        assert [run.run_id for run in await reader.list_runs()] == ['r']
+    assert 'ignoring the run index' in caplog.text
+
+
+@pytest.mark.parametrize('entry', ['_index', '_index/runs.jsonl'])
+async def test_an_index_of_another_user_is_refused(
+    tmp_path: Path, entry: str, give_away: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / 'store'
+    await FileStepStore(root).register_run(RunRecord(run_id='r'))
+    give_away(root / entry)
+    with pytest.raises(PermissionError, match='belongs to another user'):
+        await FileStepStore(root).register_run(RunRecord(run_id='other'))
+    assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['r']
+    assert 'ignoring the run index' in caplog.text
+
+
+async def test_a_linked_media_folder_is_never_followed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root, outside = tmp_path / 'store', tmp_path / 'outside'
+    outside.mkdir()
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='r'))
+
+    def with_image(seed: bytes) -> list[ModelMessage]:
+        image = BinaryContent(seed * 20_000, media_type='image/png')
+        return [ModelRequest(parts=[UserPromptPart(['x', image], timestamp=T0)])]
+
+    await store.save_snapshot(snap('r', with_image(b'\x89PNG')))
+    shutil.move(root / 'media', outside / 'media')
+    (root / 'media').symlink_to(outside / 'media', target_is_directory=True)
+    before = sorted(os.listdir(outside / 'media'))
+    for writer in (store, FileStepStore(root)):
+        with pytest.raises(PermissionError, match=r'media folder .*media is a symbolic link'):
+            await writer.save_snapshot(snap('r', with_image(b'GIF8'), 2))
+    assert await FileStepStore(root).latest_snapshot(run_id='r') is None  # skipped with a warning
+    assert 'symbolic link' in caplog.text
+    await store.delete_run('r')
+    await store.collect_garbage(grace=timedelta(0))  # lists no blob through the link, so deletes none
+    assert sorted(os.listdir(outside / 'media')) == before
+
+
+async def test_a_linked_trash_folder_is_never_followed(tmp_path: Path) -> None:
+    root, outside = tmp_path / 'store', tmp_path / 'outside'
+    outside.mkdir()
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='r'))
+    (root / '_index' / 'trash').symlink_to(outside, target_is_directory=True)
+    with pytest.raises(PermissionError, match=r'trash folder .*trash is a symbolic link'):
+        await store.delete_run('r')
+    assert os.listdir(outside) == []
+    assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['r']  # nothing was moved
+
+
+async def test_a_deletion_cut_short_is_finished_by_the_next_one(tmp_path: Path) -> None:
+    root = tmp_path / 'store'
+    store = FileStepStore(root)
+    for run_id in ('a', 'b'):
+        await store.register_run(RunRecord(run_id=run_id))
+        await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
+    (root / '_index' / 'trash').mkdir()
+    os.rename(root / 'a', root / '_index' / 'trash' / 'cut-short')  # the process died in the rmtree
+    (root / '_index' / 'trash' / 'cut-short' / 'events.jsonl').unlink()
+    assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['b']
+    assert await FileStepStore(root).delete_run('b') == ['b']
+    assert os.listdir(root / '_index' / 'trash') == []
+    assert await FileStepStore(root).list_runs() == []
 
 
 # --- 10. owner-only files ------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 Every write goes to a uniquely named temporary file in the target's directory and is renamed
 over the target, so a reader never sees a half-written blob or sidecar and concurrent writers of
 the same bytes cannot corrupt each other. Files are created readable by the owner only (0o600)
-and the directories the store creates are 0o700: media often holds user uploads.
+and the directories the store creates are 0o700: media often holds user uploads. The store's
+directory and the folders under it are checked by the rule the File step store uses (`_files`)
+before every call goes through them: a link or another user's folder planted there is refused,
+so no blob is written, read or deleted elsewhere.
 
 `put` hands the caller's buffer to `hashlib` and `os.write` as it is, with no intermediate copies.
 A payload of `concurrent_put_bytes` (1 MiB) or more is hashed on a helper thread while the
@@ -31,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import re
 import stat
@@ -45,7 +49,7 @@ from typing import Self
 import anyio.to_thread
 
 from ..._errors import check_bool
-from ..._files import fsync_dir
+from ..._files import UnsafeEntryError, check_directory, fsync_dir
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
@@ -64,6 +68,8 @@ from .._uri import parse_media_uri, uri_for_digest
 from ._sha256 import Sha256Thread
 
 __all__ = ['DiskMediaStore']
+
+logger = logging.getLogger('pydantic_ai_steps.media')
 
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
@@ -100,8 +106,11 @@ class DiskMediaStore:
     flushes each new file and the directory entries it adds to disk before `put` returns, so a
     blob survives power loss too; the step stores pass their own `durable` setting on.
 
-    `list_blobs()` and `delete()` serve media garbage collection. The listing walks the directory
-    without following symbolic links and skips sidecars and temporary files. A file's URI comes
+    The directory and every folder under it must be real directories of the user the process runs
+    as: every call refuses one that is a link or another user's with a `PermissionError` (the
+    directories above it may be links). `list_blobs()` and `delete()` serve media garbage
+    collection. The listing walks the directory without following symbolic links, skips a folder
+    the calls would refuse (with a warning), and skips sidecars and temporary files. A file's URI comes
     from a 64-hex digest in its path relative to `directory` (the default key is `<sha256>.bin`);
     a file whose path holds none, with a key strategy other than the default, is hashed to find
     it. Either way a file is listed only if the key strategy, given that URI and an empty
@@ -154,7 +163,7 @@ class DiskMediaStore:
 
     async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
         path = self._path(uri, context)
-        return await anyio.to_thread.run_sync(path.is_file)
+        return await anyio.to_thread.run_sync(self._exists, path)
 
     async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
         return await resolve_public_url(self._public_url, uri, context)
@@ -191,7 +200,7 @@ class DiskMediaStore:
         else:
             uri = uri_for_digest(hashlib.sha256(data).hexdigest())
             path = self._path(uri, context)
-            self._make_dirs(path.parent)
+            self._enter(path.parent, create=True)
             if not _refresh(path):
                 _write_atomic(path, data, self.durable)
         if context.metadata:
@@ -203,11 +212,11 @@ class DiskMediaStore:
         digest = Sha256Thread(data)
         temp = self._root / f'put-{uuid.uuid4().hex}.tmp'
         try:
-            self._make_dirs(self._root)
+            self._enter(self._root, create=True)
             _write_new_file(temp, data, self.durable)
             uri = uri_for_digest(digest.hexdigest())
             path = self._path(uri, context)
-            self._make_dirs(path.parent)
+            self._enter(path.parent, create=True)
             if not _refresh(path):  # first put wins: a stored blob is never rewritten, only refreshed
                 try:
                     os.replace(temp, path)
@@ -225,6 +234,8 @@ class DiskMediaStore:
                 os.unlink(temp)
 
     def _read_blob(self, path: Path, uri: str) -> bytes:
+        if not self._enter(path.parent, create=False):
+            raise FileNotFoundError(f'media not found: {uri}')
         try:
             data = path.read_bytes()
         except (FileNotFoundError, IsADirectoryError):
@@ -236,8 +247,11 @@ class DiskMediaStore:
             raise MediaIntegrityError.damaged(uri, len(data), f'stored at {path}')
         return data
 
+    def _exists(self, path: Path) -> bool:
+        return self._enter(path.parent, create=False) and path.is_file()
+
     def _read_metadata(self, path: Path, uri: str) -> dict[str, str]:
-        if not path.is_file():
+        if not self._exists(path):
             raise FileNotFoundError(f'media not found: {uri}')
         try:
             raw = _sidecar(path).read_text(encoding='utf-8')
@@ -249,13 +263,19 @@ class DiskMediaStore:
             raise ValueError(f'unreadable metadata sidecar for {uri} at {_sidecar(path)}: {exc}') from exc
 
     def _walk(self) -> Generator[BlobInfo]:
-        """Depth first, never into a symbolic link; what vanishes during the walk is skipped."""
+        """Depth first, never into a symbolic link or a folder `_enter` refuses (skipped with a
+        warning); what vanishes during the walk is skipped."""
         root = os.path.abspath(self._root)
         pending = [(root, '')]  # a directory, and its path relative to the root ('a/b/')
         while pending:
             directory, relative = pending.pop()
             try:
+                if not check_directory(directory, 'media folder'):
+                    continue
                 entries = os.scandir(directory)
+            except UnsafeEntryError as error:
+                logger.warning('not listing the blobs in %s', error)
+                continue
             except (FileNotFoundError, NotADirectoryError):
                 continue
             with entries:
@@ -305,6 +325,8 @@ class DiskMediaStore:
             return False
 
     def _delete_sync(self, path: Path, stored_before: datetime | None) -> bool:
+        if not self._enter(path.parent, create=False):
+            return False
         if stored_before is None:
             try:
                 os.unlink(path)
@@ -343,6 +365,29 @@ class DiskMediaStore:
         path = self._root / key
         _check_lengths(key, self._root, uri)
         return path
+
+    def _enter(self, directory: Path, *, create: bool) -> bool:
+        """Whether the store's directory and each folder below it down to `directory` are there,
+        each checked by the rule of `_files` (a link, or a folder of another user, is
+        `UnsafeEntryError`), so no blob is read, written or deleted through a link planted in the
+        store. With `create`, missing folders are made, 0o700 (and the directories above the
+        store's own too, unchecked: those are the caller's choice)."""
+        folders = [self._root]
+        for part in directory.relative_to(self._root).parts:
+            folders.append(folders[-1] / part)
+        for folder in folders:
+            if check_directory(folder, 'media folder'):
+                continue
+            if not create:
+                return False
+            if folder is self._root:
+                self._make_dirs(folder.parent)
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=_DIR_MODE)
+            if self.durable:
+                fsync_dir(folder.parent)
+            check_directory(folder, 'media folder')  # what a racing process made there
+        return True
 
     def _make_dirs(self, directory: Path) -> None:
         """Create `directory` and its missing parents, each 0o700 (`os.makedirs` gives the mode to the leaf only)."""

@@ -4,6 +4,7 @@ Layout under the store directory (SPEC section 4, plus the files that make it ch
 
 ```
 <dir>/_index/runs.jsonl           one line per registered (or deleted) run: the index list_runs reads
+<dir>/_index/trash/               a deleted run's folder, moved here in one rename, then removed
 <dir>/<run>/run.json              the RunRecord (written once, exclusively)
 <dir>/<run>/status.json           how the run ended (written by its closing event)
 <dir>/<run>/events.jsonl          one StepEvent per line
@@ -47,7 +48,8 @@ class FileStepStore(StepStoreBase):
     `max_snapshots_per_run` bounds the snapshots kept per run (the N newest plus the newest
     `complete` one). Payloads of `media_threshold_bytes` or more go to `media_store` (default a
     `DiskMediaStore` in `<directory>/media`; `None` keeps them inline). Files are created readable
-    by their owner only, and the store never follows a link planted in its directory.
+    by their owner only, and the store never follows a link planted in its directory: an entry
+    that is a link or another user's is refused by writes and skipped, with a warning, by reads.
 
     What survives what:
 

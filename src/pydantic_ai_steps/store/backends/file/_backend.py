@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...._errors import RunAlreadyExistsError, RunNotFoundError
-from ...._files import fsync_dir
+from ...._files import UnsafeEntryError, check_directory, ensure_directory, fsync_dir
 from ...._records import RunQuery
 from ...backend import (
     STALE,
@@ -44,9 +44,7 @@ from .._offload import held, run_blocking, run_soon
 from ._formats import log_line, peek_state, snapshot_body, snapshot_seqs
 from ._index import RunIndex
 from ._io import (
-    UnsafeEntryError,
     append_locked,
-    check_directory,
     json_object,
     line,
     logger,
@@ -130,8 +128,7 @@ class FileBackend:
             raise RunAlreadyExistsError(run_id)
         if not self._root.exists():
             make_dir(self._root)
-        created = make_dir(paths.run_dir)
-        check_directory(paths.run_dir, 'run folder')
+        created = ensure_directory(paths.run_dir, 'run folder')
         if created and self.durable:
             fsync_dir(self._root)
         text = line(row)
@@ -215,9 +212,8 @@ class FileBackend:
         durable = self.durable
         with append_locked(paths.messages) as log:
             if not state.snapshots_dir_ready:
-                if make_dir(paths.snapshots) and durable:
+                if ensure_directory(paths.snapshots, 'snapshot folder') and durable:
                     fsync_dir(paths.run_dir)
-                check_directory(paths.snapshots, 'snapshot folder')
                 state.snapshots_dir_ready = True
             self._sync_ledger(state)
             key = write.key
@@ -290,7 +286,7 @@ class FileBackend:
 
     def _delete_runs(self, run_ids: list[str]) -> list[str]:
         """Move each run's folder out of the store in one rename, then remove it."""
-        trash = self._root / INDEX_DIR / TRASH_DIR
+        trash: Path | None = None
         removed: list[str] = []
         for run_id in run_ids:
             run_dir = self._root / run_dir_name(run_id)
@@ -300,7 +296,8 @@ class FileBackend:
             except UnsafeEntryError:
                 logger.warning('not deleting %s: it is not a folder this store made', run_dir)
                 continue
-            make_dir(trash)
+            if trash is None:  # checked before the first rename: an unsafe trash stops the call, nothing moved
+                trash = self._trash()
             target = trash / uuid.uuid4().hex
             try:
                 os.rename(run_dir, target)
@@ -313,6 +310,24 @@ class FileBackend:
         if self.durable and removed:
             fsync_dir(self._root)
         return removed
+
+    def _trash(self) -> Path:
+        """`_index/trash`, made if missing, both checked: a run folder is never moved through a link.
+
+        Anything in it is a deletion cut short (the process died in `rmtree`), removed now.
+        """
+        ensure_directory(self._root / INDEX_DIR, 'index folder')
+        trash = self._root / INDEX_DIR / TRASH_DIR
+        ensure_directory(trash, 'trash folder')
+        with os.scandir(trash) as entries:
+            leftovers = list(entries)
+        for entry in leftovers:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+        return trash
 
     async def delete_log_entries(self, run_id: str, indices: Sequence[int]) -> None:
         await self._guarded(run_id, self._rewrite_log, set(indices))

@@ -4,7 +4,10 @@ Lines are full run rows (a registration), `{"deleted": run_id}` (a deletion), or
 `{"repaired_through": offset}` (damage before that offset was handled). Which runs exist is
 decided by `run.json`: a line whose run has no `run.json` is a registration that has not finished
 (or never will); when a run has several lines (a registration raced a duplicate), `run.json` says
-which one is real.
+which one is real. A deletion line only tells other processes to forget the run: it hides no
+folder. A deletion moves the run's folder into `_index/trash` in one rename before its line is
+written, so a half-deleted folder is never at a run's name, and a folder there with a valid
+`run.json` (copied back, say) is a run again.
 
 Runs whose folder was made by another program (the upstream package writing the same
 directory, or a run folder copied in) have no index line. The index notices them: whenever the
@@ -12,7 +15,9 @@ store directory's modification time changed since it last looked, it lists the d
 reads the `run.json` of every folder it does not know, and a writer appends their lines.
 
 Reading never writes: a missing index is rebuilt in memory by a scan, and written only by the
-next registration.
+next registration. An index that is not safe to use (`_index` or `runs.jsonl` a link, or another
+user's) is ignored with a warning by readers, which scan the folders instead, and refused by
+writers.
 """
 
 from __future__ import annotations
@@ -22,24 +27,25 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ...._files import UnsafeEntryError, check_directory, check_file, ensure_directory
 from ...backend import Damaged
 from ...codec import Row
 from .._offload import held
-from ._io import Tail, append_locked, json_object, line, logger, make_dir, read_bytes, write_exclusive
+from ._io import Tail, append_locked, json_object, line, logger, read_bytes, write_exclusive
 from ._paths import INDEX_DIR, INDEX_FILE, RUN_FILE, is_run_dir_name, run_dir_name
 
 
 class RunIndex:
     def __init__(self, root: Path, durable: Callable[[], bool]) -> None:
         self._root = root
-        self._path = root / INDEX_DIR / INDEX_FILE
+        self._dir = root / INDEX_DIR
+        self._path = self._dir / INDEX_FILE
         self._durable = durable
         self._lock = threading.Lock()
         self._tail = Tail()
         self._lines: dict[str, list[Row]] = {}
         self._confirmed: dict[str, Row] = {}
         self._registered_here: set[str] = set()
-        self._deleted: set[str] = set()
         self._repaired_through = 0
         self._needs_repair = False
         self._damaged = False
@@ -58,6 +64,7 @@ class RunIndex:
         damage this process saw, so the next reader neither misses those runs nor warns again.
         """
         for _ in range(3):
+            check_directory(self._dir, 'index folder')  # absent: the append below finds no file
             try:
                 with append_locked(self._path, lock=False) as appender:
                     adopted = list(self._noticed.values())  # a copy: no lock may be waited for here
@@ -89,8 +96,6 @@ class RunIndex:
             candidates = [*self._lines, *(run_id for run_id in self._noticed if run_id not in self._lines)]
             found: list[Row] = []
             for run_id in candidates:
-                if run_id in self._deleted:
-                    continue
                 row = self._confirm(run_id)
                 if row is not None and all(row.get(name) == value for name, value in wanted.items()):
                     found.append(row)
@@ -113,27 +118,39 @@ class RunIndex:
         if row is not None:
             return row
         lines = self._lines.get(run_id) or [self._noticed[run_id]]
-        run_file = self._root / run_dir_name(run_id) / RUN_FILE
-        if len(lines) == 1 and (run_id in self._registered_here or run_file.exists()):
-            row = lines[0]
-        else:
-            try:
-                row = json_object(read_bytes(run_file))
-            except (FileNotFoundError, NotADirectoryError):
+        run_dir = self._root / run_dir_name(run_id)
+        run_file = run_dir / RUN_FILE
+        try:
+            if not check_directory(run_dir, 'run folder'):
                 return None
-            except (OSError, ValueError) as error:
-                logger.warning('unreadable run record %s (%s); using its index entry', run_file, error)
-                row = lines[-1]
+            if len(lines) == 1 and (run_id in self._registered_here or check_file(run_file, 'run record')):
+                row = lines[0]
+            else:
+                row = json_object(read_bytes(run_file))
+        except UnsafeEntryError as error:
+            logger.warning('skipping run %r: %s', run_id, error)
+            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, ValueError) as error:
+            logger.warning('unreadable run record %s (%s); using its index entry', run_file, error)
+            row = lines[-1]
         self._confirmed[run_id] = row
         return row
 
     def _refresh(self) -> None:
-        if not self._path.exists():
+        try:
+            present = check_directory(self._dir, 'index folder') and os.path.lexists(self._path)
+            if present:
+                self._tail.sync_path(self._path, self._add_lines)
+        except UnsafeEntryError as error:
+            logger.warning('ignoring the run index (%s); scanning the run folders instead', error)
+            present = False
+        if not present:
             self._tail.reset()
             self._reset()
             self._scan_folders()
             return
-        self._tail.sync_path(self._path, self._add_lines)
         if self._needs_repair:
             self._scan_folders()
             self._needs_repair = False
@@ -143,7 +160,6 @@ class RunIndex:
     def _reset(self) -> None:
         self._lines.clear()
         self._confirmed.clear()
-        self._deleted.clear()
         self._noticed.clear()
         self._unreadable.clear()
         self._repaired_through = 0
@@ -178,11 +194,10 @@ class RunIndex:
                 self._repaired_through = max(self._repaired_through, repaired)
                 self._needs_repair = self._damaged = False
             elif isinstance(deleted, str):
-                self._deleted.add(deleted)
                 self._confirmed.pop(deleted, None)
                 self._lines.pop(deleted, None)
+                self._noticed.pop(deleted, None)
             elif isinstance(run_id, str):
-                self._deleted.discard(run_id)
                 lines_of_run = self._lines.setdefault(run_id, [])
                 lines_of_run.append(data)
                 self._noticed.pop(run_id, None)
@@ -218,6 +233,7 @@ class RunIndex:
                 continue
             run_file = Path(entry.path, RUN_FILE)
             try:
+                check_directory(entry.path, 'run folder')  # unsafe: reported below, as an unreadable one
                 row = json_object(read_bytes(run_file))
             except (FileNotFoundError, NotADirectoryError):
                 continue
@@ -225,17 +241,17 @@ class RunIndex:
                 self._unreadable[entry.name] = Damaged(f'run record {run_file}', str(error))  # the kernel warns
                 continue
             run_id = row.get('run_id')
-            if isinstance(run_id, str) and run_dir_name(run_id) == entry.name and run_id not in self._deleted:
+            if isinstance(run_id, str) and run_dir_name(run_id) == entry.name:
                 self._noticed[run_id] = row
 
     def _create(self) -> None:
         """Write the index file from the run folders (first registration, or after it was deleted)."""
-        if self._path.exists():
+        if os.path.lexists(self._path):
             return
         self._reset()
         self._scan_folders()
         text = b''.join(line(row) for row in self._noticed.values())
-        if make_dir(self._path.parent) and self._durable():
+        if ensure_directory(self._dir, 'index folder') and self._durable():
             from ...._files import fsync_dir
 
             fsync_dir(self._root)

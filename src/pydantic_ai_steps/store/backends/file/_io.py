@@ -1,9 +1,11 @@
 """File primitives of the File store: whole-line appends, exclusive atomic writes, tails, safe paths.
 
 Every file is created owner-only (0o600, directories 0o700): runs hold prompts and tool results.
-No file is opened through a symbolic link (`O_NOFOLLOW`), and a run directory is checked to be a
-real directory owned by this user before the store uses it, so a link planted in a store
-directory cannot make the store write elsewhere.
+No file is opened through a symbolic link (`O_NOFOLLOW`), every file opened is checked to be a
+regular file owned by this user (on the `fstat` the open needs anyway), and every directory the
+store enters is checked the same way first (`check_directory`, the rule in `_files`), so a link
+or another user's entry planted in a store directory can neither make the store write elsewhere
+nor feed it records.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import errno
 import json
 import logging
 import os
-import stat
 import sys
 import uuid
 from collections.abc import Callable, Generator
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from ...._files import fsync_dir
+from ...._files import UnsafeEntryError, check_entry, fsync_dir
 from ...._json import compact_json
 from .._offload import WouldBlock, may_wait
 
@@ -50,25 +51,6 @@ else:  # pragma: no cover - Windows has no flock; see the FileStepStore docstrin
 
     def lock_fd(fd: int) -> None:
         del fd
-
-
-class UnsafeEntryError(PermissionError):
-    """A store entry that is a link, not a directory, or owned by another user."""
-
-
-def check_directory(path: Path, what: str) -> bool:
-    """Whether `path` is a real directory owned by this user; `False` if absent; else `UnsafeEntryError`."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISLNK(info.st_mode):
-        raise UnsafeEntryError(f'{what} {path} is a symbolic link; the store does not follow links')
-    if not stat.S_ISDIR(info.st_mode):
-        raise UnsafeEntryError(f'{what} {path} is not a directory')
-    if hasattr(os, 'geteuid') and info.st_uid != os.geteuid():
-        raise UnsafeEntryError(f'{what} {path} belongs to another user (uid {info.st_uid}); refusing to use it')
-    return True
 
 
 def open_file(path: Path, flags: int) -> int:
@@ -113,8 +95,7 @@ def append_locked(path: Path, *, lock: bool = True) -> Generator[Appender]:
     fd = open_file(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnsafeEntryError(f'{path} is not a regular file')
+        check_entry(info, path, 'file', directory=False)
         if lock:
             lock_fd(fd)
         yield Appender(path, fd, info.st_ino)
@@ -206,13 +187,12 @@ def make_dir(path: Path) -> bool:
 
 
 def read_bytes(path: Path) -> bytes:
-    """A file's bytes, never through a link; `FileNotFoundError` if absent, `IsADirectoryError` and
-    friends (`OSError`) if it is not a readable regular file."""
+    """A file's bytes, never through a link; `FileNotFoundError` if absent, `UnsafeEntryError` and
+    friends (`OSError`) if it is not a readable regular file of this user."""
     fd = open_file(path, os.O_RDONLY)
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise IsADirectoryError(errno.EISDIR, 'not a regular file', str(path))
+        check_entry(info, path, 'file', directory=False)
         chunks: list[bytes] = []
         while chunk := os.read(fd, max(info.st_size, 1 << 16)):
             chunks.append(chunk)
@@ -303,6 +283,7 @@ class Tail:
 
     def _sync(self, fd: int, path: Path, consume: Consumer, torn: Callable[[], None] | None) -> None:
         info = os.fstat(fd)
+        check_entry(info, path, 'file', directory=False)
         if info.st_ino != self.inode or info.st_size < self.offset:
             if self.inode is not None:
                 logger.warning('%s was replaced or truncated; re-reading it', path)
@@ -333,8 +314,7 @@ def last_line(path: Path) -> bytes | None:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
+        check_entry(info, path, 'file', directory=False)
         size = info.st_size
         chunk = 4096
         while True:
@@ -347,5 +327,7 @@ def last_line(path: Path) -> bytes | None:
             if start == 0 or chunk >= 1 << 22:
                 return None
             chunk *= 4
+    except UnsafeEntryError:  # not a regular file, or another user's: no line to read either
+        return None
     finally:
         os.close(fd)

@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 from typing import cast
 
+from ...._files import UnsafeEntryError, check_directory
 from ...._records import RunQuery
 from ...backend import Damaged, LogEntry, LogSlice, Probe, Row, SnapshotRow
 from ._formats import parse_log_line, read_snapshot_file, snapshot_seqs
 from ._index import RunIndex
-from ._io import UnsafeEntryError, check_directory, json_object, last_line, logger, read_bytes, read_lines
+from ._io import json_object, last_line, logger, read_bytes, read_lines
 from ._paths import INDEX_DIR, SNAPSHOTS_DIR, is_run_dir_name, run_dir_name
 from ._state import REMOVED_PREFIX, RunPaths
 
@@ -25,11 +26,15 @@ class FileReads:
         self._status_cache: dict[str, tuple[int, int, Row]] = {}
 
     def run(self, run_id: str) -> Row | Damaged | None:
-        paths = RunPaths(self._root / run_dir_name(run_id))
+        paths = self._paths(run_id)
+        if paths is None:
+            return None
         try:
             row = json_object(read_bytes(paths.run))
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except UnsafeEntryError as error:  # listing skips the run too: its index line is no stand-in
+            return Damaged(str(paths.run), str(error))
         except (OSError, ValueError) as error:
             fallback = self._index.row_from_index(run_id)
             if fallback is None:
@@ -79,7 +84,10 @@ class FileReads:
         return {**row, **cached[2]}
 
     def events(self, run_id: str) -> list[Row | Damaged]:
-        path = RunPaths(self._root / run_dir_name(run_id)).events
+        paths = self._paths(run_id)
+        if paths is None:
+            return []
+        path = paths.events
         rows: list[Row | Damaged] = []
         for number, text in enumerate(read_lines(path), start=1):
             try:
@@ -91,7 +99,10 @@ class FileReads:
     def snapshots(
         self, run_id: str, include_interrupted: bool, below_seq: int | None, limit: int | None, oldest_first: bool
     ) -> list[SnapshotRow]:
-        directory = self._root / run_dir_name(run_id) / SNAPSHOTS_DIR
+        paths = self._paths(run_id)
+        if paths is None or not _is_safe(paths.snapshots, 'snapshot folder'):
+            return []
+        directory = paths.snapshots
         seqs = sorted(snapshot_seqs(directory), reverse=not oldest_first)
         found: list[SnapshotRow] = []
         for seq in seqs:
@@ -108,7 +119,10 @@ class FileReads:
         return found
 
     def log(self, run_id: str, below_index: int, positions_below: int) -> LogSlice:
-        path = RunPaths(self._root / run_dir_name(run_id)).messages
+        paths = self._paths(run_id)
+        if paths is None:
+            return LogSlice([], readable_end=0)
+        path = paths.messages
         entries: list[LogEntry] = []
         present: set[int] = set()
         removed: set[int] = set()
@@ -126,6 +140,11 @@ class FileReads:
                 entries.append(entry)
         end = max(present, default=-1) + 1
         return LogSlice(entries, _gaps(present, removed), readable_end=end)
+
+    def _paths(self, run_id: str) -> RunPaths | None:
+        """The run's files, if its folder is there and safe to read: one check for every read of a run."""
+        run_dir = self._root / run_dir_name(run_id)
+        return RunPaths(run_dir) if _is_safe(run_dir, 'run folder') else None
 
     def run_folders(self) -> list[str]:
         try:
@@ -162,6 +181,15 @@ class FileReads:
             size_bytes=size,
             detail=f'{self._root} holds no step store (no {INDEX_DIR}/ folder and no run folder with a run.json)',
         )
+
+
+def _is_safe(directory: Path, what: str) -> bool:
+    """`check_directory` for a read: an absent folder is `False`, an unsafe one too, with a warning."""
+    try:
+        return check_directory(directory, what)
+    except UnsafeEntryError as error:
+        logger.warning('skipping %s', error)
+        return False
 
 
 def _tree_size(root: Path) -> int:
