@@ -407,7 +407,8 @@ def raw_json(draw: st.DrawFn, value: Any) -> str:
 @st.composite
 def message_dict_pairs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
     """A message-like dict and a changed version: members kept, changed, dropped, added, moved; parts too."""
-    base = draw(st.dictionaries(st.text(max_size=6), json_values, max_size=6))
+    keys = st.text(max_size=6).filter(lambda key: key != '$patch')  # a message's keys are field names
+    base = draw(st.dictionaries(keys, json_values, max_size=6))
     base['parts'] = draw(st.lists(json_values, max_size=6))
     changed: dict[str, Any] = {}
     for key, value in base.items():
@@ -420,7 +421,7 @@ def message_dict_pairs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]
                 changed[key] = draw(st.permutations(kept + draw(st.lists(json_values, max_size=3))))
             else:
                 changed[key] = draw(json_values)
-    changed.update(draw(st.dictionaries(st.text(max_size=6), json_values, max_size=3)))
+    changed.update(draw(st.dictionaries(keys, json_values, max_size=3)))
     if draw(st.booleans()):
         changed = dict(draw(st.permutations(list(changed.items()))))
     return base, changed
