@@ -155,6 +155,10 @@ class RunRecord:
     """Read-only: when the closing event was written."""
 
 
+RUN_EQUALITY_FIELDS = ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id')
+"""The string fields `list_runs` filters by equality: the ones every backend indexes."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunQuery:
     """Which runs `list_runs` returns, in what order, how many. Every filter is an equality or a bound, AND-ed."""
@@ -176,6 +180,10 @@ class RunQuery:
     pydantic_ai_run_id: str | None = None
     newest_first: bool = False
     limit: int | None = None
+
+    def equalities(self) -> dict[str, str]:
+        """The given `RUN_EQUALITY_FIELDS` filters, by name."""
+        return {name: value for name in RUN_EQUALITY_FIELDS if (value := getattr(self, name)) is not None}
 
     def matches(self, record: RunRecord) -> bool:
         """Whether `record` passes every filter (the order and the limit are not filters)."""

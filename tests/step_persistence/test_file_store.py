@@ -319,6 +319,26 @@ async def test_index_line_without_run_json_is_not_a_run(tmp_path: Path) -> None:
     assert await FileStepStore(tmp_path).list_runs(conversation_id='c') == [await store.get_run(run_id='real')]
 
 
+async def test_a_reader_that_listed_once_sees_what_other_writers_did_since(tmp_path: Path) -> None:
+    """Listing by a lineage field uses a map built once; every change behind the reader shows."""
+    reader, writer = FileStepStore(tmp_path), FileStepStore(tmp_path)
+    await writer.register_run(RunRecord(run_id='a', conversation_id='c'))
+    assert [r.run_id for r in await reader.list_runs(conversation_id='c')] == ['a']
+    await writer.register_run(RunRecord(run_id='b', conversation_id='c'))
+    await writer.register_run(RunRecord(run_id='x', conversation_id='other'))
+    assert [r.run_id for r in await reader.list_runs(conversation_id='c')] == ['a', 'b']
+    # A registration still writing: its index line first, its run.json later, with nothing else changing.
+    pending = {'run_id': 'late', 'conversation_id': 'c', 'started_at': T0.isoformat()}
+    append_bytes(tmp_path / '_index' / 'runs.jsonl', json.dumps(pending).encode() + b'\n')
+    assert [r.run_id for r in await reader.list_runs(conversation_id='c')] == ['a', 'b']
+    (tmp_path / 'late').mkdir()
+    (tmp_path / 'late' / 'run.json').write_text(json.dumps(pending))
+    assert {r.run_id for r in await reader.list_runs(conversation_id='c')} == {'a', 'b', 'late'}
+    await writer.delete_run('b')
+    assert {r.run_id for r in await reader.list_runs(conversation_id='c')} == {'a', 'late'}
+    assert [r.run_id for r in await reader.list_runs(agent_name=None, conversation_id='other')] == ['x']
+
+
 # --- data written by the upstream package ------------------------------------------------------
 
 

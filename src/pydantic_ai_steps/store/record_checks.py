@@ -14,6 +14,7 @@ from datetime import datetime
 from .._errors import InvalidRecordError, check_json_map, check_optional_str, check_run_id, check_str_map
 from .._records import (
     EVENT_KINDS,
+    RUN_EQUALITY_FIELDS,
     SNAPSHOT_STATES,
     TOOL_EFFECT_STATUSES,
     ContinuableSnapshot,
@@ -111,7 +112,7 @@ def _check_time(value: object, what: str) -> None:
 
 def checked_query(query: RunQuery) -> RunQuery:
     """Reject a query whose filters have the wrong types, naming the filter."""
-    for name in ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id'):
+    for name in RUN_EQUALITY_FIELDS:
         check_optional_str(getattr(query, name), name)
     if query.status is not None and query.status not in ('completed', 'failed', 'unfinished'):
         raise ValueError(f"status must be 'completed', 'failed' or 'unfinished', got {query.status!r}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._json import compact_json
-from ..._records import RunQuery
+from ..._records import RUN_EQUALITY_FIELDS, RunQuery
 from ..codec import Encoding
 
 _PLAIN_KEY = re.compile(r'[A-Za-z0-9_]{1,64}')
@@ -57,7 +57,7 @@ def run_filters(query: RunQuery, dialect: Dialect, encoding: Encoding, columns: 
     def has(column: str) -> bool:
         return columns is None or column in columns
 
-    for name in ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id'):
+    for name in RUN_EQUALITY_FIELDS:
         value = getattr(query, name)
         if value is None:
             continue

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 
 from ..._errors import RunAlreadyExistsError, RunNotFoundError
-from ..._records import RunQuery
+from ..._records import RUN_EQUALITY_FIELDS, RunQuery
 from ...media._protocol import MediaStore
 from ..backend import (
     STALE,
@@ -71,9 +71,6 @@ class _Run:
         self.log_end = 0
 
 
-_INDEXED = ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id')
-
-
 class _MemoryBackend:
     encoding = Encoding(native_times=True, native_maps=True)
 
@@ -99,7 +96,7 @@ class _MemoryBackend:
                 return STALE  # a claimed key is suppressed whatever the log end, as the contract orders
         if registering is not None:
             self._runs[registering['run_id']] = _Run({**registering, 'status': None, 'ended_at': None})
-            for name in _INDEXED:
+            for name in RUN_EQUALITY_FIELDS:
                 if (value := registering[name]) is not None:
                     self._by_field.setdefault((name, value), {})[registering['run_id']] = None
         outcome: CommitOutcome = None
@@ -146,7 +143,7 @@ class _MemoryBackend:
 
     async def fetch_runs(self, query: RunQuery) -> list[Row]:
         # Equality on the indexed fields here; the kernel applies every filter, the order and the limit.
-        wanted = {name: value for name in _INDEXED if (value := getattr(query, name)) is not None}
+        wanted = query.equalities()
         if not wanted:
             return [run.row for run in self._runs.values()]
         candidates = min((self._by_field.get(item, {}) for item in wanted.items()), key=len)
@@ -220,7 +217,7 @@ class _MemoryBackend:
             run = self._runs.pop(run_id, None)
             if run is not None:
                 deleted.append(run_id)
-                for name in _INDEXED:
+                for name in RUN_EQUALITY_FIELDS:
                     if (value := run.row[name]) is not None:
                         self._by_field[name, value].pop(run_id, None)
         return deleted

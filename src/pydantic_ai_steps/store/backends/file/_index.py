@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...._files import UnsafeEntryError, check_directory, check_file, ensure_directory
+from ...._records import RUN_EQUALITY_FIELDS
 from ...backend import Damaged
 from ...codec import Row
 from .._offload import held
@@ -54,6 +55,11 @@ class RunIndex:
         """Runs found by scanning the directory that the index file does not name (yet)."""
         self._unreadable: dict[str, Damaged] = {}
         """Folders the index does not name whose `run.json` the last scan could not read."""
+        self._by_field: dict[tuple[str, object], dict[str, None]] | None = None
+        """(field, value) -> ids of the confirmed runs with it, in registration order; rebuilt after
+        the index or the folders changed, so `list_runs` by lineage does not confirm every run."""
+        self._unconfirmed: dict[str, None] = {}
+        """Runs the last rebuild could not confirm (a registration still writing): asked again each time."""
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -93,13 +99,36 @@ class RunIndex:
         """Rows of existing runs whose fields equal `wanted` (by registration order)."""
         with self._lock:
             self._refresh()
-            candidates = [*self._lines, *(run_id for run_id in self._noticed if run_id not in self._lines)]
+            if wanted:
+                by_field = self._lineage_map()
+                known = min((by_field.get(item, {}) for item in wanted.items()), key=len)
+                candidates = [*known, *self._unconfirmed]
+            else:
+                candidates = self._run_ids()
             found: list[Row] = []
             for run_id in candidates:
                 row = self._confirm(run_id)
                 if row is not None and all(row.get(name) == value for name, value in wanted.items()):
                     found.append(row)
             return found
+
+    def _run_ids(self) -> list[str]:
+        return [*self._lines, *(run_id for run_id in self._noticed if run_id not in self._lines)]
+
+    def _lineage_map(self) -> dict[tuple[str, object], dict[str, None]]:
+        if self._by_field is not None:
+            return self._by_field
+        by_field: dict[tuple[str, object], dict[str, None]] = {}
+        self._unconfirmed = {}
+        for run_id in self._run_ids():
+            row = self._confirm(run_id)
+            if row is None:
+                self._unconfirmed[run_id] = None
+                continue
+            for name in RUN_EQUALITY_FIELDS:
+                by_field.setdefault((name, row.get(name)), {})[run_id] = None
+        self._by_field = by_field
+        return by_field
 
     def unreadable(self) -> list[Damaged]:
         """Run records only a folder holds, and that do not read: listings report them as damage."""
@@ -158,6 +187,7 @@ class RunIndex:
             self._notice_new_folders()
 
     def _reset(self) -> None:
+        self._by_field = None
         self._lines.clear()
         self._confirmed.clear()
         self._noticed.clear()
@@ -167,6 +197,7 @@ class RunIndex:
         self._seen_mtime = None
 
     def _add_lines(self, lines: list[bytes], reset: bool) -> None:
+        self._by_field = None
         if reset:
             self._reset()
         for text in lines:  # markers first: damage before one was already handled
@@ -222,6 +253,7 @@ class RunIndex:
             except FileNotFoundError:
                 return
         self._seen_mtime = mtime
+        self._by_field = None
         known = {run_dir_name(run_id) for run_id in self._lines} | {run_dir_name(run_id) for run_id in self._noticed}
         self._unreadable = {}
         try:

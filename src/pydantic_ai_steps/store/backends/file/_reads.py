@@ -44,11 +44,7 @@ class FileReads:
         return self.with_status(row)
 
     def runs(self, query: RunQuery) -> list[Row | Damaged]:
-        wanted = {
-            name: value
-            for name in ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id')
-            if (value := getattr(query, name)) is not None
-        }
+        wanted = query.equalities()
         rows: list[Row | Damaged] = [self.with_status(row) for row in self._index.rows(wanted)]
         return [*rows, *self._index.unreadable()]  # unread, a record may match any query
 

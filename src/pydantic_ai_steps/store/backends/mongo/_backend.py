@@ -63,7 +63,7 @@ from ...._mongo import (
     checked_document,
     collection,
 )
-from ...._records import RunQuery, utc_now
+from ...._records import RUN_EQUALITY_FIELDS, RunQuery, utc_now
 from ...backend import (
     STALE,
     SUPPRESSED,
@@ -652,7 +652,7 @@ def _run_filter(query: RunQuery, encoding: Encoding) -> tuple[Document, bool]:
     """
     selector: Document = {}
     exact = True
-    for name in ('conversation_id', 'parent_run_id', 'agent_name', 'pydantic_ai_run_id'):
+    for name in RUN_EQUALITY_FIELDS:
         value = getattr(query, name)
         if value is not None:
             selector[name] = value
