@@ -8,8 +8,10 @@ process with other step-persistence implementations).
 - `active_ledger`: the run's writer as seen by `annotate_tool_effect`, which tells it about an
   entry it rewrote (a batching writer closes the entry from what it wrote, without reading it back).
 - `live_history`: a reference to the run's working message list, so `on_run_error` can save what
-  the run had when it failed: the context given to `on_run_error` still points at the list the run
-  started with, which the graph replaces once it builds the first request.
+  the run had when it failed: the context given to `on_run_error` (and to the hooks around the
+  first node) still points at the list the run was given, which the graph replaces with the
+  working list as it builds the first request. So it is not taken there: a run that fails in its
+  first request leaves its input, not a copy of the history it was given.
 """
 
 from __future__ import annotations

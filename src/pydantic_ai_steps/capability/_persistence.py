@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
-from pydantic_ai import CallToolsNode, ModelRequestNode
+from pydantic_ai import CallToolsNode, ModelRequestNode, UserPromptNode
 from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import ModelResponse, ToolCallPart
@@ -306,7 +306,8 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         The returns of a `CallToolsNode` travel on the next `ModelRequestNode`'s request, which is
         not in the history yet; folding it in makes the boundary settled the moment the tools end.
         """
-        _context.live_history.set((ctx.messages, ctx.run_step))
+        if not isinstance(node, UserPromptNode):  # its context still holds the list the run was given
+            _context.live_history.set((ctx.messages, ctx.run_step))
         if self.capture_frontier and isinstance(node, ModelRequestNode):
             await self._snapshots.save(ctx, list(ctx.messages), ctx.run_step)
         elif isinstance(node, CallToolsNode):

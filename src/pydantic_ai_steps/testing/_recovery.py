@@ -124,3 +124,20 @@ class RecoveryConformance:
         assert prompts(await continue_run(store, run_id=failed.run_id)) == prompts(history)
         with pytest.raises(LookupError, match='nobody'):
             await continue_conversation(store, conversation_id=new_run_id('nobody'))
+
+    @pytest.mark.anyio
+    async def test_a_run_whose_first_model_request_fails_continues_from_its_input(self, store: StepStore) -> None:
+        """Nothing the run had before its first request outranks its input, so continuing asks turn two again."""
+        conversation = new_run_id('conv')
+        earlier = await support_agent(store, 'fine').run('turn one', conversation_id=conversation)
+
+        def unavailable(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            raise RuntimeError('model unavailable')
+
+        broken = Agent(FunctionModel(unavailable), capabilities=[StepPersistence(store=store, agent_name='support')])
+        with pytest.raises(RuntimeError, match='model unavailable'):
+            await broken.run('turn two', message_history=earlier.all_messages(), conversation_id=conversation)
+        history = await continue_conversation(store, conversation_id=conversation)
+        assert prompts(history) == ['turn one', 'turn two']
+        answered = await support_agent(store, 'fine', 'answered').run(message_history=history)
+        assert answered.output == 'answered' and prompts(answered.all_messages()) == ['turn one', 'turn two']
