@@ -18,7 +18,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from .._records import SnapshotRef
 from ..capability._persistence import StepPersistence
 from ..step_persistence.recovery import continue_conversation, continue_run, fork_run, run_record_for
-from ..store.protocol import StepStore
+from ..store.protocol import RecordBatchStore, StepStore
 from ._kernel import managed
 from ._support import StoreFactory, new_run_id
 
@@ -141,3 +141,24 @@ class RecoveryConformance:
         assert prompts(history) == ['turn one', 'turn two']
         answered = await support_agent(store, 'fine', 'answered').run(message_history=history)
         assert answered.output == 'answered' and prompts(answered.all_messages()) == ['turn one', 'turn two']
+
+    @pytest.mark.anyio
+    async def test_while_the_model_is_first_asked_the_store_holds_the_runs_input(
+        self, make_store: StoreFactory
+    ) -> None:
+        """What a process killed during its first model request leaves: the run, and its input to continue from."""
+        store = make_store()
+        if not isinstance(store, RecordBatchStore):
+            pytest.skip('without write_records the input is written with the first tool call')
+        reader = make_store() if self.persistent else store
+        conversation = new_run_id('conv')
+        earlier = await support_agent(store, 'fine').run('turn one', conversation_id=conversation)
+        seen: list[list[Any]] = []
+
+        async def asked(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            seen.append(prompts(await continue_conversation(reader, conversation_id=conversation)))
+            return ModelResponse(parts=[TextPart('answered')])
+
+        agent = Agent(FunctionModel(asked), capabilities=[StepPersistence(store=store, agent_name='support')])
+        await agent.run('turn two', message_history=earlier.all_messages(), conversation_id=conversation)
+        assert seen == [['turn one', 'turn two']]
