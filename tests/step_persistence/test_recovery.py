@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelRequest, ToolReturnPart
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import (
@@ -101,3 +101,26 @@ async def test_a_delegate_records_the_tool_call_that_started_it() -> None:
     assert delegate.parent_tool_call_id == 'call-77' and delegate.agent_name == 'billing'
     started = [e for e in await store.list_events(run_id=record.run_id) if e.kind == 'tool_call_started']
     assert started[0].tool_args == '{"question":"refund?"}'
+
+
+async def test_only_the_run_given_the_returned_history_records_its_origin() -> None:
+    """A later turn built on a continued run's messages is a new turn; a history through JSON has no origin."""
+    store = InMemoryStepStore()
+    agent = support(store, 'fine')
+    prior = await run_record_for(store, await agent.run('turn one', conversation_id='conv'))
+    assert prior is not None
+    continued = await agent.run('turn two', message_history=await continue_run(store, run_id=prior.run_id))
+    record = await run_record_for(store, continued)
+    assert record is not None and record.continued_from is not None
+
+    later = await run_record_for(store, await agent.run('turn three', message_history=continued.all_messages()))
+    assert later is not None and (later.continued_from, later.forked_from) == (None, None)
+
+    history = await continue_run(store, run_id=prior.run_id)
+    appended = await agent.run(message_history=[*history, ModelRequest(parts=[UserPromptPart('and this')])])
+    kept = await run_record_for(store, appended)
+    assert kept is not None and kept.continued_from == record.continued_from  # what the caller added may follow
+
+    through_json = ModelMessagesTypeAdapter.validate_json(ModelMessagesTypeAdapter.dump_json(history))
+    unknown = await run_record_for(store, await agent.run('turn two again', message_history=through_json))
+    assert unknown is not None and unknown.continued_from is None

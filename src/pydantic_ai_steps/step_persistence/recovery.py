@@ -4,7 +4,8 @@
   pydantic-ai's run id).
 - `inspect_recovery(store=, run_id=)`: everything needed to decide how to resume a run, in one call.
 - `continue_run` / `fork_run`: the history of a run's newest settled snapshot. The run given that
-  history records where it came from (`RunRecord.continued_from` / `forked_from`).
+  history records where it came from (`RunRecord.continued_from` / `forked_from`), recognised by
+  the returned message objects: not after a trip through JSON, nor in a later turn built on them.
 - `continue_conversation`: the newest continuable history across a conversation's runs.
 
 `include_interrupted=True` gives back the newest snapshot whatever its state. An interrupted
