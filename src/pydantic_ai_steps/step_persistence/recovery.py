@@ -104,9 +104,11 @@ async def continue_conversation(
 ) -> list[ModelMessage]:
     """The newest continuable history across the runs of a conversation (newest run first).
 
-    A run that failed before its first boundary still left its input (the history it was given
-    and its prompt) as a snapshot, so the newest turn is found even then. Raises `LookupError`
-    when no run of the conversation has a continuable snapshot.
+    A run that failed before its first boundary, or died while its model was first asked, still
+    left its input (the history it was given and its prompt) as a snapshot, so the newest turn is
+    found even then (a store without `write_records` saves the input only with the first tool
+    call or at a failure). Raises `LookupError` when no run of the conversation has a continuable
+    snapshot.
     """
     list_runs: Any = store.list_runs
     try:
