@@ -14,10 +14,20 @@ from pathlib import Path
 
 import anyio
 import pytest
-from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter, UserPromptPart
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    TextPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.media import media_uri_for
-from pydantic_ai_steps.step_persistence import ContinuableSnapshot, RunRecord, StepStore
+from pydantic_ai_steps.step_persistence import ContinuableSnapshot, RunRecord, StepStore, fork_run, run_record_for
 
 from .conftest import PopulatedStore, open_store, run_cli, run_cli_inprocess, run_on_tty
 from .populate import BIG_IMAGE, BIG_TEXT, SMALL_IMAGE
@@ -98,6 +108,30 @@ def test_tree(populated: PopulatedStore) -> None:
     assert root['status'] == 'completed'
     assert [child['run_id'] for child in root['children']] == [runs.librarian]
     assert root['children'][0]['children'] == []
+
+
+def test_tree_shows_the_run_a_fork_branched_from(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart('answered')])
+
+    async def fork() -> tuple[str, str, int | None]:
+        try:
+            agent = Agent(FunctionModel(answer), capabilities=[StepPersistence(store=store, agent_name='support')])
+            first = await run_record_for(store, await agent.run('question', conversation_id='support-conv'))
+            assert first is not None
+            settled = await store.latest_snapshot(run_id=first.run_id)
+            branch = await fork_run(store, run_id=first.run_id, new_conversation=True)
+            forked = await run_record_for(store, await agent.run('what if?', message_history=branch))
+            assert forked is not None and settled is not None
+            return first.run_id, forked.run_id, settled.seq
+        finally:
+            await store.aclose()
+
+    origin, forked, seq = anyio.run(fork)
+    (line,) = [line for line in ok('tree', '--store', url).splitlines() if forked in line]
+    assert f'forked from {origin} (snapshot {seq})' in line and 'continued from' not in line
 
 
 def test_events(populated: PopulatedStore) -> None:

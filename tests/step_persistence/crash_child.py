@@ -10,6 +10,9 @@ The agent calls the `work` tool once per step (call ids `call-0`, `call-1`, ...)
 body writes `B <call id>` when it begins and `E <call id>` when it ends to a side-channel file,
 each line flushed and fsynced, so the test knows which bodies began and finished independently
 of the store. `DONE` marks a run that completed.
+
+A command with `"turns": true` runs two turns of one conversation instead: the first completes,
+the second's model notes `ASKED` when it is first asked and never answers, to be killed there.
 """
 
 from __future__ import annotations
@@ -78,6 +81,35 @@ def run_one(command: dict[str, Any]) -> None:
     asyncio.run(main())
 
 
+def run_turns(command: dict[str, Any]) -> None:
+    """The grandchild: a completed turn, then a turn whose first model request hangs."""
+    side = open(command['side'], 'a', encoding='utf-8')  # noqa: SIM115 - lives until os._exit
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        del messages, info
+        return ModelResponse(parts=[TextPart('turn one answered')])
+
+    async def hang(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        del messages, info
+        side.write('ASKED\n')
+        side.flush()
+        os.fsync(side.fileno())
+        await asyncio.sleep(3600)
+        raise AssertionError('the test kills the process while the model is asked')
+
+    store = make_store(command['kind'], command['location'], None)
+
+    async def main() -> None:
+        conversation_id = command['conversation_id']
+        first = await Agent(FunctionModel(answer), capabilities=[StepPersistence(store=store)]).run(
+            'turn one', conversation_id=conversation_id
+        )
+        second = Agent(FunctionModel(hang), capabilities=[StepPersistence(store=store)])
+        await second.run('turn two', message_history=first.all_messages(), conversation_id=conversation_id)
+
+    asyncio.run(main())
+
+
 def warm_up() -> None:
     """Run one agent here, so every grandchild starts with pydantic-ai's lazy setup done (and the
     server drivers imported: the zygote itself never connects, so no grandchild inherits a socket)."""
@@ -103,7 +135,7 @@ def serve() -> None:
         if pid == 0:  # pragma: no cover - runs in the grandchild
             code = 1
             try:
-                run_one(command)
+                (run_turns if command.get('turns') else run_one)(command)
                 code = 0
             finally:
                 os._exit(code)

@@ -145,11 +145,13 @@ async def test_explicit_run_id_is_single_shot() -> None:
     agent = librarian(store, 'hello', run_id='libr-1')
     await agent.run('first')
     events_before = await store.list_events(run_id='libr-1')
+    snapshots_before = await store.list_snapshots(run_id='libr-1')
     with pytest.raises(ValueError, match="'libr-1' is already in the store") as raised:
         await agent.run('second')
     assert isinstance(raised.value, RunAlreadyExistsError)
     assert await store.list_events(run_id='libr-1') == events_before
-    assert len(await store.list_snapshots(run_id='libr-1')) == 1
+    assert await store.list_snapshots(run_id='libr-1') == snapshots_before  # the input and the final history
+    assert len(snapshots_before) == 2
 
 
 async def test_orchestrator_turns_group_by_conversation() -> None:

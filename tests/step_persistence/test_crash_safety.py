@@ -11,6 +11,8 @@ would. After each kill a fresh store opens the location and:
   the child's own fsynced side channel), and nothing else except the one call whose ledger
   write may have been in flight at the kill;
 - the location still takes new runs.
+
+And once per store, a kill while a turn's model is first asked: the turn's prompt survives it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 import anyio
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolReturnPart
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolReturnPart, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import (
@@ -38,6 +40,7 @@ from pydantic_ai_steps.step_persistence import (
     RunRecord,
     SqliteStepStore,
     StepStore,
+    continue_conversation,
     continue_run,
     is_provider_valid,
     open_step_store,
@@ -262,3 +265,40 @@ def test_sigkill_at_random_points_leaves_a_readable_consistent_store(
         await store.aclose()
 
     anyio.run(still_writable)
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_a_kill_while_the_model_is_first_asked_leaves_the_turn_to_continue(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The run's input goes with its registration, before the model is asked, so the prompt survives."""
+    location = crash_location(kind, tmp_path, request)
+    side = tmp_path / 'side-turns.txt'
+    zygote = Zygote()
+    try:
+        command = {'turns': True, 'kind': kind, 'location': str(location), 'conversation_id': 'conv', 'side': str(side)}
+        pid = zygote.start(command)
+        deadline = time.monotonic() + 60
+        while 'ASKED' not in (side.read_text(encoding='utf-8') if side.exists() else ''):
+            assert time.monotonic() < deadline, 'the second turn never asked its model'
+            time.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+        assert zygote.wait()['status'] != 0
+    finally:
+        zygote.close()
+
+    async def continued() -> None:
+        store = make_store(kind, location)
+        try:
+            assert [run.status for run in await store.list_runs(conversation_id='conv')] == ['completed', 'unfinished']
+            history = await continue_conversation(store, conversation_id='conv')
+            prompts = [
+                part.content for message in history for part in message.parts if isinstance(part, UserPromptPart)
+            ]
+            assert prompts == ['turn one', 'turn two']
+            agent = Agent(scripted('turn two answered'), capabilities=[StepPersistence(store=store)])
+            assert (await agent.run(message_history=history)).output == 'turn two answered'
+        finally:
+            await store.aclose()
+
+    anyio.run(continued)

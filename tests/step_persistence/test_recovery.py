@@ -1,5 +1,7 @@
-"""Recovery as applications need it: from a result to its record, lineage of continues and forks,
-conversation-level recovery, and what the capability refuses before anything is written."""
+"""Recovery beyond the store contract: what `include_interrupted=True` gives back, the tool call a
+delegate records, and what the capability refuses before anything is written. What recovery reads
+back from a store (records, lineage, continuable points) is in the conformance suite
+(`pydantic_ai_steps.testing._recovery`), run on every shipped store."""
 
 from __future__ import annotations
 
@@ -7,17 +9,14 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelRequest, ToolReturnPart, UserPromptPart
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import (
     InMemoryStepStore,
     InvalidRecordError,
     InvalidRunIdError,
-    SnapshotRef,
-    continue_conversation,
     continue_run,
-    fork_run,
     run_record_for,
 )
 
@@ -36,20 +35,6 @@ def support(store: InMemoryStepStore, *turns: Any, fail_on: str | None = None) -
         return f'order {order}: shipped'
 
     return agent
-
-
-async def test_from_a_result_to_its_record() -> None:
-    store = InMemoryStepStore()
-    agent = support(store, [call('lookup', 'c1', order='42')], 'it shipped')
-    result = await agent.run('where is 42?', metadata={'tenant': 'acme', 'attempt': 2, 'tags': ['vip']})
-    record = await run_record_for(store, result)
-    assert record is not None and record.run_id.startswith('support-') and record.run_id != result.run_id
-    assert record.pydantic_ai_run_id == result.run_id
-    assert record.run_metadata == {'tenant': 'acme', 'attempt': 2, 'tags': ['vip']}
-    assert record.status == 'completed' and record.ended_at is not None
-    assert await run_record_for(store, result.run_id) == record
-    assert await run_record_for(store, 'no-such-run') is None
-    assert [r.run_id for r in await store.list_runs(run_metadata={'tenant': 'acme'})] == [record.run_id]
 
 
 async def test_run_metadata_that_is_not_json_is_refused_before_anything_is_written() -> None:
@@ -73,51 +58,6 @@ def test_capability_arguments_are_checked_at_construction() -> None:
         StepPersistence(run_id='bad\x1bid')
     with pytest.raises(TypeError, match='StepStore'):
         StepPersistence(store='runs.db')  # pyright: ignore[reportArgumentType]
-
-
-async def test_continued_and_forked_runs_record_where_they_came_from() -> None:
-    store = InMemoryStepStore()
-    agent = support(store, [call('lookup', 'c1', order='7')], 'done')
-    first = await agent.run('check 7', conversation_id='support-conv')
-    prior = await run_record_for(store, first)
-    assert prior is not None
-    history = await continue_run(store, run_id=prior.run_id)
-    settled = await store.latest_snapshot(run_id=prior.run_id)
-    assert settled is not None and settled.seq is not None
-    second = await agent.run('and now?', message_history=history)
-    continued = await run_record_for(store, second)
-    assert continued is not None and continued.conversation_id == 'support-conv'
-    assert continued.continued_from == SnapshotRef(run_id=prior.run_id, seq=settled.seq, step_index=settled.step_index)
-    assert continued.forked_from is None
-
-    branch = await fork_run(store, run_id=prior.run_id, new_conversation=True)
-    third = await agent.run('what if?', message_history=branch)
-    forked = await run_record_for(store, third)
-    assert forked is not None and forked.forked_from is not None and forked.continued_from is None
-    assert forked.forked_from.run_id == prior.run_id
-    assert forked.conversation_id not in (None, 'support-conv')  # a conversation of its own
-    same_conversation = await fork_run(store, run_id=prior.run_id)
-    kept = await run_record_for(store, await agent.run('again', message_history=same_conversation))
-    assert kept is not None and kept.conversation_id == 'support-conv' and kept.forked_from is not None
-
-
-async def test_a_run_that_fails_in_its_first_tool_can_be_continued_from_its_input() -> None:
-    store = InMemoryStepStore()
-    ok = support(store, [call('lookup', 'c1', order='1')], 'fine')
-    await ok.run('turn one', conversation_id='conv')
-    so_far = await continue_conversation(store, conversation_id='conv')
-    # The scripted model counts the responses in the history: turn one's two come first.
-    broken = support(store, 'x', 'x', [call('lookup', 'c2', order='2')], 'unreachable', fail_on='2')
-    with pytest.raises(RuntimeError, match='order system down'):
-        await broken.run('turn two', message_history=so_far, conversation_id='conv')
-    failed = (await store.list_runs(conversation_id='conv', newest_first=True, limit=1))[0]
-    assert failed.status == 'failed'
-    history = await continue_run(store, run_id=failed.run_id)
-    prompts = [part.content for message in history for part in message.parts if isinstance(part, UserPromptPart)]
-    assert prompts == ['turn one', 'turn two']  # the conversation so far and the failed turn's prompt
-    assert await continue_conversation(store, conversation_id='conv') == history
-    with pytest.raises(LookupError, match='nobody'):
-        await continue_conversation(store, conversation_id='nobody')
 
 
 async def test_include_interrupted_gives_back_the_unanswered_call_and_pydantic_ai_answers_it() -> None:
@@ -161,3 +101,26 @@ async def test_a_delegate_records_the_tool_call_that_started_it() -> None:
     assert delegate.parent_tool_call_id == 'call-77' and delegate.agent_name == 'billing'
     started = [e for e in await store.list_events(run_id=record.run_id) if e.kind == 'tool_call_started']
     assert started[0].tool_args == '{"question":"refund?"}'
+
+
+async def test_only_the_run_given_the_returned_history_records_its_origin() -> None:
+    """A later turn built on a continued run's messages is a new turn; a history through JSON has no origin."""
+    store = InMemoryStepStore()
+    agent = support(store, 'fine')
+    prior = await run_record_for(store, await agent.run('turn one', conversation_id='conv'))
+    assert prior is not None
+    continued = await agent.run('turn two', message_history=await continue_run(store, run_id=prior.run_id))
+    record = await run_record_for(store, continued)
+    assert record is not None and record.continued_from is not None
+
+    later = await run_record_for(store, await agent.run('turn three', message_history=continued.all_messages()))
+    assert later is not None and (later.continued_from, later.forked_from) == (None, None)
+
+    history = await continue_run(store, run_id=prior.run_id)
+    appended = await agent.run(message_history=[*history, ModelRequest(parts=[UserPromptPart('and this')])])
+    kept = await run_record_for(store, appended)
+    assert kept is not None and kept.continued_from == record.continued_from  # what the caller added may follow
+
+    through_json = ModelMessagesTypeAdapter.validate_json(ModelMessagesTypeAdapter.dump_json(history))
+    unknown = await run_record_for(store, await agent.run('turn two again', message_history=through_json))
+    assert unknown is not None and unknown.continued_from is None

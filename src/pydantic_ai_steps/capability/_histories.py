@@ -77,9 +77,16 @@ def remember_origin(history: Sequence[ModelMessage], kind: str, ref: SnapshotRef
 
 
 def origin_of(messages: Sequence[ModelMessage]) -> tuple[str, SnapshotRef] | None:
-    """`('continued' | 'forked', ref)` for a history that `continue_run` or `fork_run` returned."""
+    """`('continued' | 'forked', ref)` for a history that ends with what `continue_run` or `fork_run`
+    returned, followed at most by messages the caller added.
+
+    A message a run made after it (pydantic-ai stamps its `run_id`) means the history went on in a
+    later run: given `result.all_messages()` of a continued run, a run is a new turn, not a continue.
+    """
     for message in reversed(messages):
         found = _origins.get(id(message))
         if found is not None and found[0]() is message:
             return found[1], found[2]
+        if getattr(message, 'run_id', None) is not None:
+            return None
     return None

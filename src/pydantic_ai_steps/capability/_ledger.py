@@ -27,7 +27,7 @@ async def annotate_tool_effect(
     """
     if ctx.tool_call_id is None or ctx.tool_name is None:
         return
-    run_id = _context.current_run_id.get()
+    run_id = _context.current_run_id()
     prior = None
     if run_id is not None:
         prior = await store.get_tool_effect(run_id=run_id, tool_call_id=ctx.tool_call_id)

@@ -18,7 +18,7 @@ def parent_of(explicit: str | None) -> str | None:
 
     Only `explicit` can name a parent in another process.
     """
-    return explicit if explicit is not None else _context.current_run_id.get()
+    return explicit if explicit is not None else _context.current_run_id()
 
 
 def run_record(

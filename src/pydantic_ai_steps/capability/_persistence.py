@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
-from pydantic_ai import CallToolsNode, ModelRequestNode
+from pydantic_ai import CallToolsNode, ModelRequestNode, UserPromptNode
 from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import ModelResponse, ToolCallPart
@@ -167,7 +167,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         (an `iter()` loop left early delivers `CancelledError` here), so the closing event for
         those is written here, shielded from the cancellation that is ending the run.
         """
-        run_token = _context.current_run_id.set(self.run_id)
+        run_token = _context.current_run.set(self)
         history_token = _context.live_history.set(None)
         try:
             return await handler()
@@ -177,7 +177,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
             raise
         finally:
             _context.live_history.reset(history_token)
-            _context.current_run_id.reset(run_token)
+            _context.current_run.reset(run_token)
 
     async def _close_after_escape(self, ctx: RunContext[AgentDepsT], error: BaseException) -> None:
         """Record `run_failed` for an exit no other hook saw; never mask the error that ended the run."""
@@ -189,13 +189,15 @@ class StepPersistence(StoreOperations[AgentDepsT]):
                 logger.warning('could not record run_failed for run %r', self.run_id, exc_info=True)
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
-        """Choose how to write, then register the run (with `run_started`)."""
+        """Choose how to write, then register the run (with `run_started`), unless the writer
+        registers it with the run's input, in `before_model_request`."""
         self._writer = await _choose_writer(self, ctx)
         record = run_record(ctx, self._run_id, self.parent_run_id, self.agent_name, self.metadata)
-        run_id = await self._out.register(ctx, record, lambda run_id: self._event_fields(ctx, run_id, 'run_started'))
-        if run_id != self.run_id:
-            self.run_id = run_id
-            _context.current_run_id.set(run_id)
+        await self._out.register(ctx, record, lambda run_id: self._event_fields(ctx, run_id, 'run_started'))
+
+    def _stored_as(self, run_id: str) -> None:
+        """The id the store registered the run under: a derived id that clashed was drawn again."""
+        self.run_id = run_id
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         """Save the final history unless the last boundary snapshot already holds it.
@@ -248,6 +250,9 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         if output_tools:
             self._output_tool_names = frozenset(tool.name for tool in output_tools)
         await self._record(ctx, 'model_request_started')
+        if self._out.registration_pending:  # registered with the run's input, before the model is first asked
+            await self._snapshots.save_input(ctx)
+            await self._out.flush(ctx)
         return request_context
 
     async def after_model_request(
@@ -306,7 +311,8 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         The returns of a `CallToolsNode` travel on the next `ModelRequestNode`'s request, which is
         not in the history yet; folding it in makes the boundary settled the moment the tools end.
         """
-        _context.live_history.set((ctx.messages, ctx.run_step))
+        if not isinstance(node, UserPromptNode):  # its context still holds the list the run was given
+            _context.live_history.set((ctx.messages, ctx.run_step))
         if self.capture_frontier and isinstance(node, ModelRequestNode):
             await self._snapshots.save(ctx, list(ctx.messages), ctx.run_step)
         elif isinstance(node, CallToolsNode):

@@ -1,7 +1,8 @@
 """A run's snapshots: numbered, written, announced, and the two held back until their write is due.
 
 The hooks decide when a boundary is; this decides what its snapshot carries. Held back: the run's
-input (saved with the first tool call's ledger entry, or at a failure) and its last boundary (saved
+input (saved with the run's registration before its first model request where the writer defers
+that, else with the first tool call's ledger entry, or at a failure) and its last boundary (saved
 with `run_completed`, so a batching writer ends the run in one write).
 """
 
@@ -33,7 +34,7 @@ class Snapshots:
         self._last_saved: list[ModelMessage] | None = None
         self.validity = ProviderValidity()
         self.input: Point | None = None
-        """The history of the run's first model request: saved before its first tool runs, or at a failure."""
+        """The history of the run's first model request, until a write it can go with (see the module docs)."""
         self.final_boundary: Point | None = None
         """The run's last boundary, written with `run_completed` by `after_run`."""
 
@@ -76,10 +77,10 @@ class Snapshots:
         )
 
     async def save_input(self, ctx: RunContext[Any]) -> None:
-        """Save the run's input (the history and prompt of its first request) as a continuable point.
+        """Save the run's input (the history and prompt of its first request) as a continuable point,
+        with the writer's next write.
 
-        So a run that dies before its first boundary can still be continued from where it began. A
-        run that ends without tool calls does not need it: its final snapshot supersedes it.
+        So a run that dies before its first boundary can still be continued from where it began.
         """
         if self.input is None:
             return

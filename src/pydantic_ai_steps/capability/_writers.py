@@ -8,14 +8,20 @@ snapshot before the next model request: that is the crash contract.
   write that must happen anyway: the next call's `started` entry, or the boundary snapshot. A tool
   cycle is two writes instead of eight. A call's entry is closed with the snapshot that holds its
   result, so after a crash a call is `completed` only if a snapshot has its return. A run's
-  opening and closing events are written at once. Where a write goes is its sink:
+  closing events are written at once; its registration (with `run_started`) too, unless the sink
+  defers it. Where a write goes is its sink:
   - `StoreSink` (no engine journals this run, a `RecordBatchStore`): straight to the store, whose
-    own encoder decides what a snapshot adds to the message log;
+    own encoder decides what a snapshot adds to the message log. It defers the registration to
+    the run's first model request, where it goes in one write with the run's input (the history
+    and prompt of that request), so a process killed while the model is first asked leaves the
+    run with a continuable point, for no write more;
   - `OperationSink` (under a durability engine): each write is one `write_records` durable
     operation. What the writer buffers between writes is rebuilt when the engine replays the
     hooks, so buffering loses nothing; the snapshot's delta (new and changed positions) is decided
     here, in workflow code, from the hooks' messages alone, so a replay sends the same operations,
-    and each operation carries what is new, not the whole history.
+    and each operation carries what is new, not the whole history. The registration is written in
+    `before_run`, as the journals of runs in flight recorded it (after a crash the engine resumes
+    the run itself).
 - `ImmediateWriter` writes each record on its own, through the single-record durable operations:
   for a store without `write_records` and no engine, and to replay a workflow recorded before
   `write_records` existed.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -65,7 +72,10 @@ class ImmediateWriter:
         self.closed = False
         """A closing event (`run_completed` / `run_failed`) was written."""
 
-    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Callable[[str], Fields]) -> str:
+    registration_pending = False
+    """Registered in `before_run`: the input waits for the first tool call or a failure."""
+
+    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Callable[[str], Fields]) -> None:
         p = self._p
         registration_id = await call_operation(p, ctx, 'registration_id', p._new_registration_id)  # pyright: ignore[reportPrivateUsage]
         run_id = await call_operation(
@@ -86,8 +96,8 @@ class ImmediateWriter:
             forked_from=record.forked_from,
         )
         self.registered = True
+        p._stored_as(run_id)  # pyright: ignore[reportPrivateUsage]
         await self.event(ctx, opening(run_id), now=True)
-        return run_id
 
     async def event(self, ctx: RunContext[Any], fields: Fields, *, now: bool) -> None:
         del now  # every event is written at once
@@ -141,9 +151,19 @@ class Sink(Protocol):
 
     clock: Callable[[], datetime]
     """Stamps the records: the engine's replay-safe clock where it has one."""
+    defers_registration: bool
+    """The registration waits for the run's first model request, to go with its input."""
 
-    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Fields) -> str:
-        """Register the run with its `run_started` event (`opening`); return the id it was stored under."""
+    async def register(
+        self,
+        ctx: RunContext[Any],
+        record: RunRecord,
+        snapshot: Fields | None,
+        tool_effects: list[ToolEffectRecord],
+        events: list[Fields],
+    ) -> str:
+        """Register the run with the first records written (`run_started` first); return the id it
+        was stored under."""
         ...
 
     async def write(
@@ -159,13 +179,27 @@ class StoreSink:
         self._store = store
         self.clock: Callable[[], datetime] = utc_now
 
-    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Fields) -> str:
+    defers_registration = True
+
+    async def register(
+        self,
+        ctx: RunContext[Any],
+        record: RunRecord,
+        snapshot: Fields | None,
+        tool_effects: list[ToolEffectRecord],
+        events: list[Fields],
+    ) -> str:
+        """One `write_records`; a derived id drawn again after a clash goes on every record of it."""
         store = self._store
 
         async def register(candidate: RunRecord) -> None:
-            fields = dict(opening)
-            fields['run_id'] = candidate.run_id
-            await store.write_records(run=candidate, events=[step_event(**fields)])
+            run_id = candidate.run_id
+            await store.write_records(
+                run=candidate,
+                snapshot=continuable_snapshot(**_of_run(snapshot, run_id)) if snapshot is not None else None,
+                tool_effects=[replace(effect, run_id=run_id) for effect in tool_effects],
+                events=[step_event(**_of_run(fields, run_id)) for fields in events],
+            )
 
         record.registration_id = str(uuid.uuid4())
         return await claim_run_id(store, record, register, self._p._derived_from)  # pyright: ignore[reportPrivateUsage]
@@ -197,12 +231,23 @@ class OperationSink:
         self._deltas = isinstance(store, DeltaSnapshotStore)
         self._log = MessageLog(None, DEFAULT_MEDIA_THRESHOLD)
 
-    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Fields) -> str:
+    defers_registration = False
+
+    async def register(
+        self,
+        ctx: RunContext[Any],
+        record: RunRecord,
+        snapshot: Fields | None,
+        tool_effects: list[ToolEffectRecord],
+        events: list[Fields],
+    ) -> str:
+        """Written in `before_run` (never deferred), so it carries `run_started` alone."""
+        assert snapshot is None and not tool_effects, 'an engine run registers before it writes anything else'
         p = self._p
         registration_id = await call_operation(p, ctx, 'registration_id', p._new_registration_id)  # pyright: ignore[reportPrivateUsage]
         registration = RegistrationNote(
             registration_id=registration_id,
-            started_at=opening['timestamp'],
+            started_at=events[0]['timestamp'],
             pydantic_ai_run_id=record.pydantic_ai_run_id,
             run_metadata=dict(record.run_metadata),
             parent_tool_call_id=record.parent_tool_call_id,
@@ -210,7 +255,9 @@ class OperationSink:
             forked_from=record.forked_from,
             derived_from=p._derived_from,  # pyright: ignore[reportPrivateUsage]
         )
-        result = await self._call(ctx, record.run_id, registration=registration, events=[_event_note(opening)])
+        result = await self._call(
+            ctx, record.run_id, registration=registration, events=[_event_note(fields) for fields in events]
+        )
         return result.run_id
 
     async def write(
@@ -271,6 +318,10 @@ class OperationSink:
         )
 
 
+def _of_run(fields: Fields, run_id: str) -> Fields:
+    return {**fields, 'run_id': run_id}
+
+
 def _event_note(fields: Fields) -> EventNote:
     return EventNote(
         kind=fields['kind'],
@@ -313,14 +364,23 @@ class BatchingWriter:
         self._open: dict[str, ToolEffectRecord] = {}
         """The ledger entry of each tool call in flight, as last written."""
         self._deferred: Fields | None = None
+        self._registration: RunRecord | None = None
+        """The run's record until the write that registers it."""
 
-    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Callable[[str], Fields]) -> str:
-        """The registration and `run_started` in one write."""
+    @property
+    def registration_pending(self) -> bool:
+        """The sink defers the registration and nothing was written yet: the next write registers the run."""
+        return self._registration is not None
+
+    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Callable[[str], Fields]) -> None:
+        """The registration and `run_started` in one write: now, or with the next one if the sink defers it."""
         now = self._sink.clock()
         record.started_at = now
-        run_id = await self._sink.register(ctx, record, {**opening(record.run_id), 'timestamp': now})
-        self.registered = True
-        return run_id
+        self._events.append({**opening(record.run_id), 'timestamp': now})
+        self._registration = record
+        self.registered = True  # the run's log is this writer's to close, if need be with the registration
+        if not self._sink.defers_registration:
+            await self._write(ctx)
 
     async def event(self, ctx: RunContext[Any], fields: Fields, *, now: bool) -> None:
         self._events.append({**fields, 'timestamp': self._sink.clock()})
@@ -386,9 +446,18 @@ class BatchingWriter:
                 await self._write(ctx, snapshot=deferred)
         events, effects = self._events, self._effects
         self._events, self._effects = [], []
+        registration, self._registration = self._registration, None
+        entries = [*effects, *(tool_effects or ())]
         try:
-            await self._sink.write(ctx, snapshot, [*effects, *(tool_effects or ())], events)
+            if registration is None:
+                await self._sink.write(ctx, snapshot, entries, events)
+            else:
+                run_id = await self._sink.register(ctx, registration, snapshot, entries, events)
+                self._p._stored_as(run_id)  # pyright: ignore[reportPrivateUsage]
         except BaseException:
+            if registration is not None:
+                self.registered = False  # nothing of the run was written: no log to close
+                raise
             # Keep them for the write that closes the run (idempotency keys make a repeat
             # harmless), except a `run_completed`: a run whose last write failed did not complete.
             kept = [event for event in events if event['kind'] != 'run_completed']

@@ -4,7 +4,8 @@
   pydantic-ai's run id).
 - `inspect_recovery(store=, run_id=)`: everything needed to decide how to resume a run, in one call.
 - `continue_run` / `fork_run`: the history of a run's newest settled snapshot. The run given that
-  history records where it came from (`RunRecord.continued_from` / `forked_from`).
+  history records where it came from (`RunRecord.continued_from` / `forked_from`), recognised by
+  the returned message objects: not after a trip through JSON, nor in a later turn built on them.
 - `continue_conversation`: the newest continuable history across a conversation's runs.
 
 `include_interrupted=True` gives back the newest snapshot whatever its state. An interrupted
@@ -103,9 +104,11 @@ async def continue_conversation(
 ) -> list[ModelMessage]:
     """The newest continuable history across the runs of a conversation (newest run first).
 
-    A run that failed before its first boundary still left its input (the history it was given
-    and its prompt) as a snapshot, so the newest turn is found even then. Raises `LookupError`
-    when no run of the conversation has a continuable snapshot.
+    A run that failed before its first boundary, or died while its model was first asked, still
+    left its input (the history it was given and its prompt) as a snapshot, so the newest turn is
+    found even then (a store without `write_records` saves the input only with the first tool
+    call or at a failure). Raises `LookupError` when no run of the conversation has a continuable
+    snapshot.
     """
     list_runs: Any = store.list_runs
     try:

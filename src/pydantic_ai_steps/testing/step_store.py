@@ -20,7 +20,9 @@ Tests are async (`@pytest.mark.anyio`); the suite declares the `anyio_backend` i
 published protocol's behaviours are checked for every store; what a store built on
 `StepStoreBase` offers beyond it (queries, the whole ledger, deletion, pruning, garbage
 collection, the stale path) is checked for stores that offer it (`ManagedStepStore`), and
-skipped with the reason for the others.
+skipped with the reason for the others. What the recovery helpers read back (a run's record from
+its result, the lineage of continues and forks, the continuable point a failed run leaves) is
+checked through agent runs on a scripted model.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from ..store.protocol import RecordBatchStore, StepStore
 from ._deltas import DeltaConformance
 from ._kernel import KernelConformance
 from ._queries import QueryConformance
+from ._recovery import RecoveryConformance
 from ._retention import RetentionConformance
 from ._strategies import message_strategy
 from ._support import T0, StoreFactory, all_snapshots, dump, new_run, new_run_id, snapshot, tool_cycle
@@ -56,7 +59,9 @@ from ._support import T0, StoreFactory, all_snapshots, dump, new_run, new_run_id
 __all__ = ['StepStoreConformance', 'StoreFactory']
 
 
-class StepStoreConformance(KernelConformance, QueryConformance, RetentionConformance, DeltaConformance):
+class StepStoreConformance(
+    KernelConformance, QueryConformance, RecoveryConformance, RetentionConformance, DeltaConformance
+):
     """Every behaviour the capability and the helpers rely on, for any `StepStore`."""
 
     persistent: ClassVar[bool] = False
