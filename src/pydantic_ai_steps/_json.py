@@ -16,6 +16,8 @@ def json_object(value: object, what: str) -> dict[Any, Any] | None:
     """A stored object: `None`, a mapping, or JSON text of an object; `ValueError` naming `what` otherwise."""
     if value is None:
         return None
+    if value == '{}':  # what every empty map is stored as: most metadata
+        return {}
     if isinstance(value, str | bytes):
         try:
             value = json.loads(value)
