@@ -9,6 +9,7 @@ id checked once.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 from .._errors import InvalidRecordError, check_json_map, check_optional_str, check_run_id, check_str_map
@@ -26,6 +27,18 @@ from .._records import (
 from .protocol import SnapshotDelta
 
 
+def _note_run(run_id: str, run_ids: set[str]) -> None:
+    """Check a run id the first time a write names it."""
+    if run_id not in run_ids:
+        check_run_id(run_id)
+        run_ids.add(run_id)
+
+
+def _check_choice(value: object, allowed: Collection[str], field: str) -> None:
+    if value not in allowed:
+        raise InvalidRecordError(f'{field} must be one of {sorted(allowed)}, got {value!r}')
+
+
 def checked_run(record: RunRecord) -> RunRecord:
     check_run_id(record.run_id)
     for name in ('conversation_id', 'parent_run_id', 'agent_name', 'registration_id', 'pydantic_ai_run_id'):
@@ -38,11 +51,8 @@ def checked_run(record: RunRecord) -> RunRecord:
 
 
 def checked_event(event: StepEvent, run_ids: set[str]) -> StepEvent:
-    if event.run_id not in run_ids:
-        check_run_id(event.run_id)
-        run_ids.add(event.run_id)
-    if event.kind not in EVENT_KINDS:
-        raise InvalidRecordError(f'StepEvent.kind must be one of {sorted(EVENT_KINDS)}, got {event.kind!r}')
+    _note_run(event.run_id, run_ids)
+    _check_choice(event.kind, EVENT_KINDS, 'StepEvent.kind')
     if isinstance(event.step_index, bool) or not isinstance(event.step_index, int):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidRecordError(f'StepEvent.step_index must be an int, got {event.step_index!r}')
     if event.metadata:
@@ -52,13 +62,8 @@ def checked_event(event: StepEvent, run_ids: set[str]) -> StepEvent:
 
 
 def checked_effect(record: ToolEffectRecord, run_ids: set[str]) -> ToolEffectRecord:
-    if record.run_id not in run_ids:
-        check_run_id(record.run_id)
-        run_ids.add(record.run_id)
-    if record.status not in TOOL_EFFECT_STATUSES:
-        raise InvalidRecordError(
-            f'ToolEffectRecord.status must be one of {sorted(TOOL_EFFECT_STATUSES)}, got {record.status!r}'
-        )
+    _note_run(record.run_id, run_ids)
+    _check_choice(record.status, TOOL_EFFECT_STATUSES, 'ToolEffectRecord.status')
     if not isinstance(record.tool_call_id, str) or not isinstance(record.tool_name, str):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidRecordError(
             f'ToolEffectRecord.tool_call_id and tool_name must be strings, got {record.tool_call_id!r}, '
@@ -69,13 +74,8 @@ def checked_effect(record: ToolEffectRecord, run_ids: set[str]) -> ToolEffectRec
 
 
 def checked_snapshot(snapshot: ContinuableSnapshot, run_ids: set[str]) -> None:
-    if snapshot.run_id not in run_ids:
-        check_run_id(snapshot.run_id)
-        run_ids.add(snapshot.run_id)
-    if snapshot.state not in SNAPSHOT_STATES:
-        raise InvalidRecordError(
-            f'ContinuableSnapshot.state must be one of {sorted(SNAPSHOT_STATES)}, got {snapshot.state!r}'
-        )
+    _note_run(snapshot.run_id, run_ids)
+    _check_choice(snapshot.state, SNAPSHOT_STATES, 'ContinuableSnapshot.state')
     if not isinstance(snapshot.messages, list):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidRecordError(f'ContinuableSnapshot.messages must be a list, got {type(snapshot.messages).__name__}')
     _check_time(snapshot.timestamp, 'ContinuableSnapshot.timestamp')
@@ -83,8 +83,7 @@ def checked_snapshot(snapshot: ContinuableSnapshot, run_ids: set[str]) -> None:
 
 def checked_delta(delta: SnapshotDelta) -> None:
     check_run_id(delta.run_id)
-    if delta.state not in SNAPSHOT_STATES:
-        raise InvalidRecordError(f'SnapshotDelta.state must be one of {sorted(SNAPSHOT_STATES)}, got {delta.state!r}')
+    _check_choice(delta.state, SNAPSHOT_STATES, 'SnapshotDelta.state')
     for name in ('step_index', 'message_count'):
         value = getattr(delta, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
