@@ -60,6 +60,7 @@ from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext, ToolDefinition
 
+from inside_hooks import FloorHooks, FloorState, TimedStepPersistence
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import SqliteStepStore
 from steps import UNLIMITED, make_agent  # the benchmark agent, from this directory
@@ -388,12 +389,16 @@ class Results:
     """(row, steps) -> CPU seconds of the process (all its threads) per step, one value per round."""
     own: Series = field(default_factory=Series)
     """(framework, steps) -> the plain run's wall seconds per step."""
+    inside: Series = field(default_factory=Series)
+    """(row, steps) -> seconds inside the capability's hooks per step (the tool's own time left out)."""
     notes: list[str] = field(default_factory=list[str])
 
-    def add(self, row: str, steps: int, value: float, cpu: float | None = None) -> None:
+    def add(self, row: str, steps: int, value: float, cpu: float | None = None, inside: float | None = None) -> None:
         self.overhead.setdefault((row, steps), []).append(value)
         if cpu is not None:
             self.cpu.setdefault((row, steps), []).append(cpu)
+        if inside is not None:
+            self.inside.setdefault((row, steps), []).append(inside)
 
     def add_own(self, framework: str, steps: int, value: float) -> None:
         self.own.setdefault((framework, steps), []).append(value)
@@ -413,6 +418,8 @@ FLOOR_FULL = 'floor `FULL` = a + b + c'
 COMMIT_FULL = 'one commit alone, `FULL` (per commit)'
 COMMIT_NORMAL = 'one commit alone, `NORMAL` (per commit)'
 OURS_MINUS_EMPTY = 'ours `NORMAL` minus (a)'
+FLOOR_INSIDE_NORMAL = "floor inside the agent, `NORMAL`: ours' transactions and (c) at ours' write points"
+FLOOR_INSIDE_FULL = "floor inside the agent, `FULL`: ours' transactions and (c) at ours' write points"
 OURS_FULL_MINUS_EMPTY = 'ours `FULL` minus (a)'
 
 
@@ -440,23 +447,39 @@ class Bench:
         return elapsed
 
     async def ours(self, steps: int, order: int) -> None:
-        configs: list[tuple[str, Callable[[], tuple[list[Any], SqliteStepStore | None]]]] = [
-            (EMPTY, lambda: ([EmptyHooks()], None)),
+        configs: list[tuple[str, Callable[[], tuple[list[Any], Callable[[], float], Callable[[], None]]]]] = [
+            (EMPTY, lambda: ([EmptyHooks()], lambda: 0.0, lambda: None)),
             (OURS_NORMAL, lambda: self._persisted(durable=False)),
             (OURS_FULL, lambda: self._persisted(durable=True)),
+            (FLOOR_INSIDE_NORMAL, lambda: self._floor_inside(steps, durable=False)),
+            (FLOOR_INSIDE_FULL, lambda: self._floor_inside(steps, durable=True)),
         ]
         for label, build in rotated(configs, order):
             base, base_cpu = await self.plain(steps)
-            capabilities, store = build()
+            capabilities, inside, close = build()
             elapsed, cpu = await timed_run(make_agent(steps, capabilities))
-            if store is not None:
-                store.close()
-                shutil.rmtree(Path(cast(str, store.database)).parent, ignore_errors=True)
-            self.results.add(label, steps, (elapsed - base) / steps, (cpu - base_cpu) / steps)
+            close()
+            self.results.add(label, steps, (elapsed - base) / steps, (cpu - base_cpu) / steps, inside() / steps)
 
-    def _persisted(self, *, durable: bool) -> tuple[list[Any], SqliteStepStore]:
+    def _persisted(self, *, durable: bool) -> tuple[list[Any], Callable[[], float], Callable[[], None]]:
         store = open_store(self.fresh_database(), durable=durable)
-        return [StepPersistence(store=store, agent_name='bench')], store
+        capability = TimedStepPersistence(store=store, agent_name='bench')
+
+        def close() -> None:
+            store.close()
+            shutil.rmtree(Path(cast(str, store.database)).parent, ignore_errors=True)
+
+        return [capability], lambda: capability.clock.seconds, close
+
+    def _floor_inside(self, steps: int, *, durable: bool) -> tuple[list[Any], Callable[[], float], Callable[[], None]]:
+        path = self.fresh_database()
+        state = FloorState(raw_connection(path, durable=durable), self.captured[steps])
+
+        def close() -> None:
+            state.connection.close()
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+        return [FloorHooks(floor=state)], lambda: state.clock.seconds, close
 
     def floor(self, steps: int) -> None:
         for durable, label in ((False, RAW_NORMAL), (True, RAW_FULL)):
@@ -556,6 +579,8 @@ ROWS = (
     COMMIT_NORMAL,
     OURS_MINUS_EMPTY,
     OURS_FULL_MINUS_EMPTY,
+    FLOOR_INSIDE_NORMAL,
+    FLOOR_INSIDE_FULL,
 )
 
 
@@ -606,6 +631,30 @@ def report(results: Results, rounds: int, load: list[tuple[float, float, float]]
     print('The same in CPU time of the process (all its threads; waits for the disk not included):')
     print()
     table(results.cpu)
+    print()
+    print("Time inside the capability's hooks per step (the tool's own time left out), median (min-max):")
+    print()
+    inside(table(results.inside))
+
+
+def inside(m: dict[tuple[str, int], float | None]) -> None:
+    """Ours against the floor run inside the agent, both timed inside their hooks."""
+    print()
+    for steps in STEPS:
+        for ours, floor, level in (
+            (OURS_NORMAL, FLOOR_INSIDE_NORMAL, 'NORMAL'),
+            (OURS_FULL, FLOOR_INSIDE_FULL, 'FULL'),
+        ):
+            mine, least = m.get((ours, steps)), m.get((floor, steps))
+            if mine is not None and least:
+                print(f'- {level} @{steps}: inside the hooks, ours / the floor inside the agent = {mine / least:.2f}x')
+    low, high = m.get((OURS_NORMAL, 100)), m.get((OURS_NORMAL, 400))
+    if low and high is not None:
+        verdict = 'met' if high / low <= 1.1 else 'missed'
+        print(
+            f'- ours NORMAL inside the hooks (no dispatch in it), 400 vs 100: {high / low:.2f}x '
+            f'(target <= 1.1x): {verdict}'
+        )
 
 
 def targets(m: dict[tuple[str, int], float | None]) -> None:

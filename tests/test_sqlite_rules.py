@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pydantic_ai_steps._sqlite import enable_wal
+from pydantic_ai_steps._sqlite import checkpoint_caught_up, enable_wal
 
 
 def test_enable_wal_waits_for_another_connection_holding_the_database(tmp_path: Path) -> None:
@@ -38,3 +38,40 @@ def test_enable_wal_gives_up_after_its_timeout(tmp_path: Path) -> None:
         ):
             enable_wal(late, timeout=0.2)
         holder.execute('COMMIT')
+
+
+class _WriterDuringFirstPass:
+    """A checkpointer's connection during whose first pass `writer` writes and commits a transaction."""
+
+    def __init__(self, checkpointer: sqlite3.Connection, writer: sqlite3.Connection) -> None:
+        self.checkpointer, self.writer, self.passes = checkpointer, writer, 0
+
+    def execute(self, sql: str) -> sqlite3.Cursor:
+        self.passes += 1
+        if self.passes == 1:
+            self.writer.execute('BEGIN IMMEDIATE')
+            self.writer.execute("INSERT INTO t VALUES ('written while the checkpoint ran')")
+        cursor = self.checkpointer.execute(sql)
+        if self.passes == 1:
+            self.writer.execute('COMMIT')
+        return cursor
+
+
+def test_a_background_checkpoint_catches_up_with_a_writer_so_the_wal_starts_over(tmp_path: Path) -> None:
+    """A frame left behind by the first pass would keep the WAL from starting over (and growing)."""
+    path = tmp_path / 'busy.db'
+    with (
+        closing(sqlite3.connect(path, isolation_level=None)) as writer,
+        closing(sqlite3.connect(path, isolation_level=None)) as checkpointer,
+    ):
+        enable_wal(writer)
+        writer.execute('PRAGMA wal_autocheckpoint = 0')
+        writer.execute('CREATE TABLE t (x)')
+        for index in range(200):
+            writer.execute('INSERT INTO t VALUES (?)', ('x' * 3000 + str(index),))
+        connection = _WriterDuringFirstPass(checkpointer, writer)
+        checkpoint_caught_up(connection)  # pyright: ignore[reportArgumentType]
+        writer.execute("INSERT INTO t VALUES ('the next write')")  # starts the WAL over: all of it was copied
+        _, frames, _ = checkpointer.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchone()
+        assert frames <= 4, f'the WAL did not start over: {frames} frames'
+        assert writer.execute('SELECT count(*) FROM t').fetchone()[0] == 202

@@ -116,6 +116,27 @@ def enable_wal(connection: sqlite3.Connection, *, timeout: float = 30.0) -> None
             delay = min(delay * 2, 0.2)
 
 
+_PASSES = 8
+"""At most this many passes of one background checkpoint (see `checkpoint_caught_up`)."""
+
+
+def checkpoint_caught_up(connection: sqlite3.Connection) -> None:
+    """PASSIVE checkpoints until one finds no frame a writer added during the pass before.
+
+    SQLite starts the WAL over (and `journal_size_limit` trims it) only at a write that begins
+    with every frame copied. A pass copies the frames there were when it began, so a writer
+    committing while it ran leaves a few behind, no write starts the WAL over, and it keeps
+    growing until something truncates it on the writer's own path. The second pass copies those
+    few in a fraction of the first one's time.
+    """
+    seen = -1
+    for _ in range(_PASSES):
+        busy, frames, copied = connection.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchone()
+        if busy or copied < frames or frames == seen:
+            return  # a reader holds frames back, or no writer added any since the last pass
+        seen = frames
+
+
 class BackgroundCheckpointer:
     """Runs `PRAGMA wal_checkpoint(PASSIVE)` on a thread of its own, through a connection of its own.
 
@@ -179,6 +200,6 @@ class BackgroundCheckpointer:
             with contextlib.suppress(sqlite3.Error):
                 checkpointer = sqlite3.connect(self._database, isolation_level=None, timeout=30)
                 try:
-                    checkpointer.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchall()
+                    checkpoint_caught_up(checkpointer)
                 finally:
                     checkpointer.close()

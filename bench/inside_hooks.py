@@ -1,0 +1,216 @@
+"""Persistence timed inside its hooks, in running agents: ours, and a floor doing the same writes by hand.
+
+`(persisted run - plain run) / steps` carries the noise of two whole runs, and at 400 steps a
+plain run of the benchmark agent takes seconds, so a few percent of drift is as large as the
+figure measured. Timing only what runs inside the hooks (the tool itself left out) measures the
+same work without that noise. And a floor replayed in a tight loop outside any agent runs with
+warm caches: SQLite's pages, the allocator and the CPU caches are all cold again after the
+megabytes pydantic-ai allocates between two of our writes. `FloorHooks` runs inside the agent
+instead, at the points where ours writes: the transactions a run of ours issued (captured with
+`peers.RecordingConnection`, texts and all) on a raw `sqlite3` connection, one per write, and
+the serialization of each cycle's new messages with pydantic-ai's adapter.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from pydantic_ai import CallToolsNode, ModelRequestNode
+from pydantic_ai.capabilities.abstract import AgentNode, NodeResult
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolCallPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import RunContext, ToolDefinition
+
+from pydantic_ai_steps import StepPersistence
+
+if TYPE_CHECKING:
+    from peers import Statement
+
+
+@dataclass
+class HookClock:
+    """Seconds spent inside a capability's hooks during one run, the tool's own time left out."""
+
+    seconds: float = 0.0
+
+    async def tool(self, handler: Any, args: Any) -> Any:
+        """Call the tool, taking its time back out of the clock."""
+        start = time.perf_counter()
+        try:
+            return await handler(args)
+        finally:
+            self.seconds -= time.perf_counter() - start
+
+
+@dataclass
+class TimedStepPersistence(StepPersistence[Any]):
+    """`StepPersistence` as shipped, with the time inside its per-step hooks added to `clock`."""
+
+    clock: HookClock = field(default_factory=HookClock, kw_only=True)
+
+    async def before_run(self, ctx: RunContext[Any]) -> None:
+        start = time.perf_counter()
+        try:
+            await super().before_run(ctx)
+        finally:
+            self.clock.seconds += time.perf_counter() - start
+
+    async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
+        start = time.perf_counter()
+        try:
+            return await super().after_run(ctx, result=result)
+        finally:
+            self.clock.seconds += time.perf_counter() - start
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        start = time.perf_counter()
+        try:
+            return await super().before_model_request(ctx, request_context)
+        finally:
+            self.clock.seconds += time.perf_counter() - start
+
+    async def after_model_request(
+        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: Any
+    ) -> Any:
+        start = time.perf_counter()
+        try:
+            return await super().after_model_request(ctx, request_context=request_context, response=response)
+        finally:
+            self.clock.seconds += time.perf_counter() - start
+
+    async def wrap_tool_execute(
+        self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any, handler: Any
+    ) -> Any:
+        clock = self.clock
+
+        async def tool(tool_args: Any) -> Any:
+            return await clock.tool(handler, tool_args)
+
+        start = time.perf_counter()
+        try:
+            return await super().wrap_tool_execute(ctx, call=call, tool_def=tool_def, args=args, handler=tool)
+        finally:
+            clock.seconds += time.perf_counter() - start
+
+    async def after_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
+    ) -> NodeResult[Any]:
+        start = time.perf_counter()
+        try:
+            return await super().after_node_run(ctx, node=node, result=result)
+        finally:
+            self.clock.seconds += time.perf_counter() - start
+
+
+@dataclass
+class FloorState:
+    """The captured transactions of one run, replayed in order, one per write point."""
+
+    connection: sqlite3.Connection
+    groups: Sequence[Sequence[Statement]]
+    clock: HookClock = field(default_factory=HookClock)
+    next_group: int = 0
+    requested: bool = False
+
+    def write(self, count: int = 1) -> None:
+        conn = self.connection
+        for group in self.groups[self.next_group : self.next_group + count]:
+            for statement in group:
+                if statement.many:
+                    conn.executemany(statement.sql, statement.params)
+                else:
+                    conn.execute(statement.sql, statement.params).fetchall()
+        self.next_group += count
+
+    def check_replayed(self) -> None:
+        if self.next_group != len(self.groups):
+            raise SystemExit(
+                f'the floor replayed {self.next_group} of {len(self.groups)} captured transactions: '
+                'its write points no longer match where StepPersistence writes'
+            )
+
+
+@dataclass
+class FloorHooks(StepPersistence[Any]):
+    """Does by hand, at the points where ours writes, what ours writes: nothing else.
+
+    A subclass only so that pydantic-ai dispatches exactly the hooks ours overrides; every hook
+    ours overrides is overridden here, and none calls `StepPersistence`'s code.
+    """
+
+    floor: FloorState | None = field(default=None, kw_only=True)
+
+    @property
+    def _state(self) -> FloorState:
+        assert self.floor is not None
+        return self.floor
+
+    async def for_run(self, ctx: RunContext[Any]) -> FloorHooks:
+        return replace(self)
+
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: Any) -> AgentRunResult[Any]:
+        return await handler()
+
+    async def before_run(self, ctx: RunContext[Any]) -> None:
+        return None
+
+    async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
+        state = self._state
+        start = time.perf_counter()
+        ModelMessagesTypeAdapter.dump_json(result.all_messages()[-1:])  # the final response
+        state.write(len(state.groups) - state.next_group)  # the final boundary with `run_completed`
+        state.clock.seconds += time.perf_counter() - start
+        state.check_replayed()
+        return result
+
+    async def on_run_error(self, ctx: RunContext[Any], *, error: BaseException) -> AgentRunResult[Any]:
+        raise error
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        state = self._state
+        if not state.requested:  # the registration, with the run's input, before the model is first asked
+            state.requested = True
+            start = time.perf_counter()
+            ModelMessagesTypeAdapter.dump_json(list(ctx.messages))
+            state.write()
+            state.clock.seconds += time.perf_counter() - start
+        return request_context
+
+    async def after_model_request(
+        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: Any
+    ) -> Any:
+        return response
+
+    async def on_model_request_error(
+        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, error: Exception
+    ) -> Any:
+        raise error
+
+    async def wrap_tool_execute(
+        self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any, handler: Any
+    ) -> Any:
+        state = self._state
+        start = time.perf_counter()
+        state.write()  # the `started` entry and the events since the last write
+        state.clock.seconds += time.perf_counter() - start
+        return await handler(args)
+
+    async def after_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
+    ) -> NodeResult[Any]:
+        if isinstance(node, CallToolsNode) and isinstance(result, ModelRequestNode):
+            state = self._state
+            start = time.perf_counter()
+            ModelMessagesTypeAdapter.dump_json([ctx.messages[-1], result.request])  # the cycle's new messages
+            state.write()  # the boundary snapshot with the closed entry and its event
+            state.clock.seconds += time.perf_counter() - start
+        return result
