@@ -27,6 +27,7 @@ from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext, ToolDefinition
 
 from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps.store.history import message_to_json
 
 if TYPE_CHECKING:
     from peers import Statement
@@ -213,4 +214,60 @@ class FloorHooks(StepPersistence[Any]):
             ModelMessagesTypeAdapter.dump_json([ctx.messages[-1], result.request])  # the cycle's new messages
             state.write()  # the boundary snapshot with the closed entry and its event
             state.clock.seconds += time.perf_counter() - start
+        return result
+
+
+# --- the same, on PostgreSQL ------------------------------------------------------------------
+
+EVENT_ROW = 'e' * 230
+"""About the size of one event row of ours as text (its thirteen columns)."""
+EFFECT_ROW = 'f' * 170
+SNAPSHOT_ROW = 's' * 150
+PATCH_ROW = 'p' * 300
+"""Ours writes the previous request, which pydantic-ai stamped when it sent it, as a patch this long."""
+
+
+@dataclass
+class PostgresFloorHooks(FloorHooks):
+    """The floor on PostgreSQL: at each point where ours writes, one autocommit statement inserting
+    rows of the sizes ours writes (`pg_bench.Floor`: the ledger entry and events before the tool;
+    the new message texts, the snapshot, the closed entry and its event at the boundary)."""
+
+    postgres: Any = field(default=None, kw_only=True)
+    """A `pg_bench.Floor`, opened by the first write."""
+    seconds: HookClock = field(default_factory=HookClock, kw_only=True)
+    _requested: bool = field(default=False, init=False, repr=False)
+
+    async def _write(self, rows: list[tuple[str, str]]) -> None:
+        start = time.perf_counter()
+        await self.postgres.write('r', rows)
+        self.seconds.seconds += time.perf_counter() - start
+
+    async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
+        final = [('message', message_to_json(message)) for message in result.all_messages()[-1:]]
+        await self._write([*final, ('snapshot', SNAPSHOT_ROW), ('event', EVENT_ROW)])
+        return result
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        if not self._requested:  # the registration, with the run's input
+            self._requested = True
+            texts = [('message', message_to_json(message)) for message in ctx.messages]
+            await self._write([('run', 'r' * 300), *texts, ('snapshot', SNAPSHOT_ROW), ('event', EVENT_ROW)])
+        return request_context
+
+    async def wrap_tool_execute(
+        self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any, handler: Any
+    ) -> Any:
+        await self._write([('effect', EFFECT_ROW), *[('event', EVENT_ROW)] * 3])
+        return await handler(args)
+
+    async def after_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
+    ) -> NodeResult[Any]:
+        if isinstance(node, CallToolsNode) and isinstance(result, ModelRequestNode):
+            new = [('message', message_to_json(message)) for message in (ctx.messages[-1], result.request)]
+            boundary = [('message', PATCH_ROW), ('snapshot', SNAPSHOT_ROW), ('effect', EFFECT_ROW)]
+            await self._write([*new, *boundary, ('event', EVENT_ROW)])
         return result

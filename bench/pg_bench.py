@@ -147,8 +147,11 @@ class Floor:
         )
 
     async def write(self, run_id: str, rows: Sequence[tuple[str, str]]) -> None:
-        """One statement, one transaction: every `(kind, body)` row of one store write."""
-        await self._conn.execute(
+        """One statement, one transaction: every `(kind, body)` row of one store write (opened on first use)."""
+        if self._conn is None:
+            await self.open()
+        conn: Any = self._conn
+        await conn.execute(
             f'INSERT INTO {self.table} (run_id, kind, body) '
             'SELECT $1, k, b FROM unnest($2::text[], $3::text[]) AS x(k, b)',
             run_id,

@@ -21,7 +21,9 @@ Workloads (the same for every store):
 If `pydantic_ai_harness` (the upstream package) is importable, its stores are measured on the
 same workloads and printed beside ours. With `TEST_POSTGRES_DSN` set (`scripts/services.sh start`
 exports it), so are the PostgreSQL stores (ours, and upstream's when it is installed), each run
-under a table prefix of its own, stored bytes being `pg_total_relation_size` of its tables.
+under a table prefix of its own, stored bytes being `pg_total_relation_size` of its tables, beside
+the *postgres floor*: at each point where ours writes, one autocommit statement inserting rows of
+the sizes ours writes (`inside_hooks.PostgresFloorHooks`), inside the same running agents.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
 import pg_bench  # PostgreSQL helpers, from this directory
+from inside_hooks import PostgresFloorHooks
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import FileStepStore, InMemoryStepStore, RunRecord, SqliteStepStore
 
@@ -108,6 +111,8 @@ class Backend:
     """Bytes the store holds (None: not measurable, e.g. in memory); may be awaitable."""
     close: Callable[[Any], Any] = lambda store: None
     """Releases the store; may be awaitable."""
+    floor: bool = False
+    """Not a store: the floor, measured in the per-step runs only."""
     results: dict[str, float | None] = field(default_factory=dict[str, 'float | None'])
 
 
@@ -169,11 +174,29 @@ def our_backends() -> list[Backend]:
             close_sqlite,
         ),
         *(
-            [postgres_backend('postgres', capability, _our_postgres)]
+            [postgres_backend('postgres', capability, _our_postgres), postgres_floor()]
             if pg_bench.dsn() is not None and importlib.util.find_spec('asyncpg') is not None
             else []
         ),
     ]
+
+
+def postgres_floor() -> Backend:
+    """Two one-statement transactions per tool cycle at ours' write points, rows of ours' sizes."""
+    url = pg_bench.dsn()
+    assert url is not None
+
+    def make(directory: Path) -> Any:
+        del directory
+        return pg_bench.Floor(url, pg_bench.fresh_prefix('floor'))
+
+    async def close(floor: Any) -> None:
+        await floor.close()
+        await pg_bench.drop_prefix(url, floor.table.removesuffix('_floor'))
+
+    return Backend(
+        'postgres floor', lambda floor: PostgresFloorHooks(postgres=floor), make, lambda d, s: None, close, floor=True
+    )
 
 
 def _our_postgres(url: str, prefix: str) -> tuple[Any, Callable[[], Any]]:
@@ -249,6 +272,8 @@ async def per_step(backends: list[Backend], steps: int, repeats: int, scratch: P
 async def stored_bytes(backends: list[Backend], steps: int, scratch: Path) -> None:
     """Fill `stored`: what one `steps`-step run leaves in a store of its own, over its final history's JSON."""
     for backend in backends:
+        if backend.floor:
+            continue
         directory = scratch / f'{backend.label}-stored'.replace(' ', '_')
         directory.mkdir()
         store = backend.make(directory)
@@ -294,6 +319,8 @@ async def list_runs_latency(
     backends: list[Backend], runs: int, conversations: int, queries: int, scratch: Path
 ) -> None:
     for backend in backends:
+        if backend.floor:
+            continue
         directory = scratch / f'{backend.label}-lineage'.replace(' ', '_')
         directory.mkdir()
         store = backend.make(directory)
@@ -399,6 +426,31 @@ def report(backends: list[Backend], agent_step: dict[int, float], short_baseline
         if (list_ms := r.get('list_ms')) is not None and list_ms > TARGETS['list_ms']:
             misses.append('list_runs')
         print(f'  {backend.label}: {"all targets met" if not misses else "missed: " + ", ".join(misses)}')
+    comparisons(backends)
+
+
+def comparisons(backends: list[Backend]) -> None:
+    """Overhead per step against a store's floor and against upstream's store of the same kind."""
+    by_label = {backend.label: backend.results for backend in backends}
+    for backend in backends:
+        if backend.floor or backend.label.startswith('harness'):
+            continue
+        for other, wording in (
+            (f'{backend.label} floor', 'ours / its floor'),
+            (f'harness {backend.label}', 'upstream / ours'),
+        ):
+            found = by_label.get(other)
+            if found is None:
+                continue
+            cells: list[str] = []
+            for steps in (100, 400):
+                mine, theirs = backend.results.get(f'overhead_{steps}'), found.get(f'overhead_{steps}')
+                if mine and theirs:
+                    cells.append(
+                        f'{(mine / theirs if wording.startswith("ours") else theirs / mine):.2f}x at {steps} steps'
+                    )
+            if cells:
+                print(f'  {backend.label}, {wording}: {", ".join(cells)}')
 
 
 async def main() -> None:
