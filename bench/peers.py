@@ -671,26 +671,31 @@ def targets(m: dict[tuple[str, int], float | None]) -> None:
     def ms(value: float | None) -> str:
         return '-' if value is None else f'{value * 1000:.2f}'
 
+    def against(ours: float, floor: float | None) -> str:
+        """Ours over the floor measured inside the agent (a floor at or below zero is noise)."""
+        return f'; ours / the floor inside the agent {ours / floor:.2f}x' if floor is not None and floor > 0 else ''
+
     print('Targets (medians of this run):')
     for steps in STEPS:
-        ours, session, floor = m.get((OURS_NORMAL, steps)), m.get((OA_NORMAL, steps)), m.get((FLOOR_NORMAL, steps))
+        ours, session = m.get((OURS_NORMAL, steps)), m.get((OA_NORMAL, steps))
+        floor = m.get((FLOOR_INSIDE_NORMAL, steps))
         if ours is not None and session is not None:
             verdict = 'met' if ours <= session else 'missed'
-            extra = ''
-            if floor is not None:
-                extra = f'; ours / floor {ours / floor:.2f}x'
-                if session < floor:
-                    extra += ' (the session is below our floor: the target becomes <= 1.3x the floor)'
-            print(f'- NORMAL @{steps}: ours {ms(ours)} vs session {ms(session)} ms: {verdict}{extra}')
+            below = (
+                ' (the session is below that floor: the target becomes <= 1.3x it)' if floor and session < floor else ''
+            )
+            print(
+                f'- NORMAL @{steps}: ours {ms(ours)} vs session {ms(session)} ms: '
+                f'{verdict}{against(ours, floor)}{below}'
+            )
         ours, session, commit = m.get((OURS_FULL, steps)), m.get((OA_FULL, steps)), m.get((COMMIT_FULL, steps))
-        floor = m.get((FLOOR_FULL, steps))
+        floor = m.get((FLOOR_INSIDE_FULL, steps))
         if ours is not None and session is not None and commit is not None:
             allowed = session + commit
             verdict = 'met' if ours <= allowed else 'missed'
-            extra = f'; ours / floor {ours / floor:.2f}x' if floor is not None else ''
             print(
                 f"- FULL @{steps}: ours {ms(ours)} vs session + one fsync'd commit "
-                f'{ms(session)} + {ms(commit)} = {ms(allowed)} ms: {verdict}{extra}'
+                f'{ms(session)} + {ms(commit)} = {ms(allowed)} ms: {verdict}{against(ours, floor)}'
             )
     low, high = m.get((OURS_MINUS_EMPTY, 100)), m.get((OURS_MINUS_EMPTY, 400))
     if low and high is not None:
