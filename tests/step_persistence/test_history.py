@@ -27,19 +27,15 @@ from pydantic_ai_steps.capability._validity import ProviderValidity
 from pydantic_ai_steps.media import DiskMediaStore
 from pydantic_ai_steps.step_persistence import ContinuableSnapshot, is_provider_valid
 from pydantic_ai_steps.store.history import (
-    PATCH_PREFIX,
     TAIL,
     HistoryTracker,
     LogEntry,
     MessageAdapter,
-    apply_patch,
-    is_patch,
-    make_patch,
     message_to_json,
-    patch_base_index,
     resolve_history,
 )
 from pydantic_ai_steps.store.message_log import MessageLog, PreparedSnapshot
+from pydantic_ai_steps.store.patch import PATCH_PREFIX, apply_patch, is_patch, make_patch, patch_base_index
 from pydantic_ai_steps.testing.step_store import message_strategy
 
 

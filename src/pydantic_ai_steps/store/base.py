@@ -37,9 +37,9 @@ from .._records import (
 from ..media._protocol import MediaStore
 from . import codec
 from .backend import STALE, Backend, Closing, CommitOutcome, Probe, SnapshotWrite, WriteBatch
-from .history import is_patch
 from .maintenance import Maintenance
 from .message_log import DEFAULT_MEDIA_THRESHOLD, MessageLog, PreparedSnapshot
+from .patch import is_patch
 from .protocol import DeltaOutcome, SnapshotDelta
 from .reads import Reads
 from .record_checks import checked_delta, checked_effect, checked_event, checked_query, checked_run, checked_snapshot

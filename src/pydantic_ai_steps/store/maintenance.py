@@ -29,7 +29,8 @@ from ..media._protocol import MediaStore
 from ..media._uri import MEDIA_URI_PREFIX
 from . import codec
 from .backend import Backend, Damaged
-from .history import LogEntry, is_patch, patch_base_index
+from .history import LogEntry
+from .patch import is_patch, patch_base_index
 
 if TYPE_CHECKING:
     from .message_log import MessageLog

@@ -35,11 +35,10 @@ from .history import (
     HistoryTracker,
     PatchBase,
     content_digest,
-    is_patch,
-    make_patch,
     message_to_json,
     messages_from_json,
 )
+from .patch import is_patch, make_patch
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
 PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'

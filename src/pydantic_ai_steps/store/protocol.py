@@ -110,7 +110,7 @@ class SnapshotDelta:
     The snapshot's history has `message_count` messages. `appends` are `(position, text)` entries
     for the positions that are new or changed since the run's previous snapshot, in the order they
     are to be appended; every other position keeps its newest entry in the log. A text is a full
-    message JSON (`store.history.message_to_json`) or a patch (`store.history.make_patch`) of a
+    message JSON (`store.history.message_to_json`) or a patch (`store.patch.make_patch`) of a
     full text of the same position that this store reported stored verbatim
     (`DeltaOutcome.verbatim`). `expected_log_size` is where the writer last saw the log end (the
     `log_size` of its previous delta), `None` for a first or a complete write.

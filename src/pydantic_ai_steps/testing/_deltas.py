@@ -14,7 +14,8 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, Mode
 
 from .._errors import InvalidRecordError
 from .._records import StepEvent
-from ..store.history import make_patch, message_to_json
+from ..store.history import message_to_json
+from ..store.patch import make_patch
 from ..store.protocol import DeltaSnapshotStore, SnapshotDelta, StepStore
 from ._support import T0, all_snapshots, dump, new_run, tool_cycle
 
