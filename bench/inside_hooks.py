@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai import CallToolsNode, ModelRequestNode
-from pydantic_ai.capabilities.abstract import AgentNode, NodeResult
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolCallPart
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext, ToolDefinition
@@ -31,6 +32,60 @@ from pydantic_ai_steps.store.history import message_to_json
 
 if TYPE_CHECKING:
     from peers import Statement
+
+
+# --- the empty capability: pydantic-ai's own dispatch of our hooks -----------------------------
+
+
+@dataclass
+class EmptyHooks(AbstractCapability[Any]):
+    """Overrides exactly the hooks `StepPersistence` overrides, each doing nothing.
+
+    pydantic-ai takes some paths only for a capability that overrides a hook (it checks
+    `on_model_request_error`, for one), so the set must match; `check_same_hooks` asserts it.
+    """
+
+    id: str | None = field(default='empty_hooks', kw_only=True)
+
+    async def for_run(self, ctx: RunContext[Any]) -> EmptyHooks:
+        return replace(self)
+
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
+        return await handler()
+
+    async def before_run(self, ctx: RunContext[Any]) -> None:
+        return None
+
+    async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
+        return result
+
+    async def on_run_error(self, ctx: RunContext[Any], *, error: BaseException) -> AgentRunResult[Any]:
+        raise error
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        return request_context
+
+    async def after_model_request(
+        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: ModelResponse
+    ) -> ModelResponse:
+        return response
+
+    async def on_model_request_error(
+        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, error: Exception
+    ) -> ModelResponse:
+        raise error
+
+    async def wrap_tool_execute(
+        self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any, handler: Any
+    ) -> Any:
+        return await handler(args)
+
+    async def after_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
+    ) -> NodeResult[Any]:
+        return result
 
 
 @dataclass
@@ -139,11 +194,11 @@ class FloorState:
 
 
 @dataclass
-class FloorHooks(StepPersistence[Any]):
+class FloorHooks(EmptyHooks):
     """Does by hand, at the points where ours writes, what ours writes: nothing else.
 
-    A subclass only so that pydantic-ai dispatches exactly the hooks ours overrides; every hook
-    ours overrides is overridden here, and none calls `StepPersistence`'s code.
+    An `EmptyHooks`, so pydantic-ai dispatches exactly the hooks ours overrides; the ones ours
+    writes from are overridden again here.
     """
 
     floor: FloorState | None = field(default=None, kw_only=True)
@@ -153,15 +208,6 @@ class FloorHooks(StepPersistence[Any]):
         assert self.floor is not None
         return self.floor
 
-    async def for_run(self, ctx: RunContext[Any]) -> FloorHooks:
-        return replace(self)
-
-    async def wrap_run(self, ctx: RunContext[Any], *, handler: Any) -> AgentRunResult[Any]:
-        return await handler()
-
-    async def before_run(self, ctx: RunContext[Any]) -> None:
-        return None
-
     async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         state = self._state
         start = time.perf_counter()
@@ -170,9 +216,6 @@ class FloorHooks(StepPersistence[Any]):
         state.clock.seconds += time.perf_counter() - start
         state.check_replayed()
         return result
-
-    async def on_run_error(self, ctx: RunContext[Any], *, error: BaseException) -> AgentRunResult[Any]:
-        raise error
 
     async def before_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
@@ -185,16 +228,6 @@ class FloorHooks(StepPersistence[Any]):
             state.write()
             state.clock.seconds += time.perf_counter() - start
         return request_context
-
-    async def after_model_request(
-        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: Any
-    ) -> Any:
-        return response
-
-    async def on_model_request_error(
-        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, error: Exception
-    ) -> Any:
-        raise error
 
     async def wrap_tool_execute(
         self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any, handler: Any

@@ -54,79 +54,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
-from pydantic_ai.models import ModelRequestContext
-from pydantic_ai.run import AgentRunResult
-from pydantic_ai.tools import RunContext, ToolDefinition
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
-from inside_hooks import FloorHooks, FloorState, TimedStepPersistence
+from inside_hooks import EmptyHooks, FloorHooks, FloorState, TimedStepPersistence
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import SqliteStepStore
 from steps import UNLIMITED, make_agent  # the benchmark agent, from this directory
 
 HERE = Path(__file__).resolve().parent
 STEPS = (100, 400)
-
-# --- the empty capability: pydantic-ai's own dispatch of our hooks -----------------------------
-
-
-@dataclass
-class EmptyHooks(AbstractCapability[Any]):
-    """Overrides exactly the hooks `StepPersistence` overrides, each doing nothing.
-
-    pydantic-ai takes some paths only for a capability that overrides a hook (it checks
-    `on_model_request_error`, for one), so the set must match; `check_same_hooks` asserts it.
-    """
-
-    id: str | None = field(default='empty_hooks', kw_only=True)
-
-    async def for_run(self, ctx: RunContext[Any]) -> EmptyHooks:
-        return replace(self)
-
-    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
-        return await handler()
-
-    async def before_run(self, ctx: RunContext[Any]) -> None:
-        return None
-
-    async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
-        return result
-
-    async def on_run_error(self, ctx: RunContext[Any], *, error: BaseException) -> AgentRunResult[Any]:
-        raise error
-
-    async def before_model_request(
-        self, ctx: RunContext[Any], request_context: ModelRequestContext
-    ) -> ModelRequestContext:
-        return request_context
-
-    async def after_model_request(
-        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: ModelResponse
-    ) -> ModelResponse:
-        return response
-
-    async def on_model_request_error(
-        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, error: Exception
-    ) -> ModelResponse:
-        raise error
-
-    async def wrap_tool_execute(
-        self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any, handler: Any
-    ) -> Any:
-        return await handler(args)
-
-    async def after_node_run(
-        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
-    ) -> NodeResult[Any]:
-        return result
-
 
 HOOKS = (
     'for_run',

@@ -5,7 +5,7 @@
 
 The workload is `bench/steps.py`'s (`SqliteStepStore`, `durable=False` unless `--durable`). Each
 round runs, at each step count: the plain agent, the empty capability (`bench/peers.py`'s
-`EmptyHooks`: pydantic-ai's dispatch of our hooks), ours as shipped, and ours with perf_counter
+`inside_hooks.EmptyHooks`: pydantic-ai's dispatch of our hooks), ours as shipped, and ours with perf_counter
 wrappers installed by this script around the capability's hooks (time spent inside the tool and
 the rest of the run left out), the store's methods, the message log, the encoders and every SQL
 statement (through a recording connection). Garbage collection is timed with `gc.callbacks` in
@@ -41,7 +41,8 @@ from functools import wraps
 from pathlib import Path
 from typing import Any, cast
 
-from peers import EmptyHooks, RecordingConnection, Statement, make_template, open_store, record_store
+from inside_hooks import EmptyHooks
+from peers import RecordingConnection, Statement, make_template, open_store, record_store
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import SqliteStepStore
 from steps import UNLIMITED, make_agent  # the benchmark agent, from this directory

@@ -116,6 +116,13 @@ class Backend:
     results: dict[str, float | None] = field(default_factory=dict[str, 'float | None'])
 
 
+def workspace(scratch: Path, backend: Backend, workload: str) -> Path:
+    """A fresh directory for one store of `backend` in one workload."""
+    directory = scratch / f'{backend.label}-{workload}'.replace(' ', '_')
+    directory.mkdir()
+    return directory
+
+
 def tree_size(path: Path) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -255,8 +262,7 @@ async def per_step(backends: list[Backend], steps: int, repeats: int, scratch: P
         plain_time = (await timed(plain))[0]
         plain_times.append(plain_time)
         for backend in backends:
-            directory = scratch / f'{backend.label}-{steps}-{repeat}'.replace(' ', '_')
-            directory.mkdir()
+            directory = workspace(scratch, backend, f'{steps}-{repeat}')
             store = backend.make(directory)
             await timed(make_agent(2, [backend.capability(store)]))  # opens the store
             elapsed, _ = await timed(make_agent(steps, [backend.capability(store)]))
@@ -274,8 +280,7 @@ async def stored_bytes(backends: list[Backend], steps: int, scratch: Path) -> No
     for backend in backends:
         if backend.floor:
             continue
-        directory = scratch / f'{backend.label}-stored'.replace(' ', '_')
-        directory.mkdir()
+        directory = workspace(scratch, backend, 'stored')
         store = backend.make(directory)
         _, history_bytes = await timed(make_agent(steps, [backend.capability(store)]))
         stored = await settled(backend.size(directory, store))
@@ -291,8 +296,7 @@ async def short_runs(backends: list[Backend], runs: int, scratch: Path) -> float
         await timed(plain)
     agents: dict[str, tuple[Agent[None, str], Any]] = {}
     for backend in backends:
-        directory = scratch / f'{backend.label}-short'.replace(' ', '_')
-        directory.mkdir()
+        directory = workspace(scratch, backend, 'short')
         store = backend.make(directory)
         agents[backend.label] = (make_agent(2, [backend.capability(store)]), store)
         for _ in range(10):
@@ -321,8 +325,7 @@ async def list_runs_latency(
     for backend in backends:
         if backend.floor:
             continue
-        directory = scratch / f'{backend.label}-lineage'.replace(' ', '_')
-        directory.mkdir()
+        directory = workspace(scratch, backend, 'lineage')
         store = backend.make(directory)
         record_type = _record_type(backend)
         for index in range(runs):
