@@ -32,21 +32,20 @@ def check_entry(info: os.stat_result, path: Path | str, what: str, *, directory:
 
 def check_directory(path: Path | str, what: str) -> bool:
     """Whether `path` is a real directory owned by this user; `False` if absent; else `UnsafeEntryError`."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    check_entry(info, path, what, directory=True)
-    return True
+    return _check_path(path, what, directory=True)
 
 
 def check_file(path: Path | str, what: str) -> bool:
     """Whether `path` is a regular file owned by this user; `False` if absent; else `UnsafeEntryError`."""
+    return _check_path(path, what, directory=False)
+
+
+def _check_path(path: Path | str, what: str, *, directory: bool) -> bool:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return False
-    check_entry(info, path, what, directory=False)
+    check_entry(info, path, what, directory=directory)
     return True
 
 
