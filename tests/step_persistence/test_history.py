@@ -86,6 +86,36 @@ def test_a_shorter_history_keeps_what_it_shares() -> None:
     assert commit_all(tracker, 'r', messages) == list(range(12, 30))
 
 
+def test_a_delta_taken_before_another_write_of_its_run_was_recorded_forgets_the_run() -> None:
+    tracker: HistoryTracker[int] = HistoryTracker()
+    messages = history(10)
+    commit_all(tracker, 'r', messages[:6])
+    first, second = tracker.delta('r', messages[:8]), tracker.delta('r', messages)
+    tracker.commit(first, {position: position for position in first.candidates}, 8)
+    tracker.commit(second, {position: position for position in second.candidates}, 10)
+    assert len(tracker) == 0  # the second write was taken against the state before the first
+    assert commit_all(tracker, 'r', messages) == list(range(10))
+
+
+def test_the_weight_follows_a_history_that_grows_changes_and_shrinks() -> None:
+    tracker: HistoryTracker[int] = HistoryTracker()
+    messages = history(10)
+
+    def write(upto: int, size: int) -> None:
+        delta = tracker.delta('r', messages[:upto])
+        tracker.commit(delta, dict.fromkeys(delta.candidates, 0), upto, weights=dict.fromkeys(delta.candidates, size))
+
+    write(6, 100)
+    write(10, 10)
+    assert tracker.weight == 6 * 100 + 4 * 10
+    write(3, 1)
+    assert tracker.weight == 3 * 100
+    write(10, 10)
+    assert tracker.weight == 3 * 100 + 7 * 10
+    tracker.forget('r')
+    assert tracker.weight == 0
+
+
 def test_forgotten_runs_start_over() -> None:
     tracker: HistoryTracker[int] = HistoryTracker(max_runs=1)
     messages = history(4)

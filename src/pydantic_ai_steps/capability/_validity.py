@@ -58,7 +58,7 @@ class ProviderValidity:
 
     def check(self, messages: Sequence[ModelMessage]) -> bool:
         known = len(self._prefix)
-        if known and len(messages) >= known and all(map(operator.is_, self._prefix, messages[:known])):
+        if known and len(messages) >= known and all(map(operator.is_, self._prefix, messages)):
             start, open_calls = known, set(self._open_after_prefix)
         else:
             start, open_calls = 0, set[str]()

@@ -34,6 +34,7 @@ that loads a snapshot's entries loads the base too.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import operator
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -132,6 +133,8 @@ class RunHistory(Generic[StoredT]):
     weights: list[int] = field(default_factory=list[int])
     """Roughly how many bytes each position's message holds alive (its text, its binary payloads)."""
     weight: int = 0
+    generation: int = 0
+    """How many writes of the run this process has recorded: a delta taken before the last one is stale."""
 
 
 @dataclass
@@ -143,6 +146,8 @@ class HistoryDelta(Generic[StoredT]):
     candidates: list[int]
     previous: RunHistory[StoredT] | None
     """`None` when this process has not written the run before (so every position is a candidate)."""
+    generation: int = 0
+    """`previous.generation` when the delta was taken."""
 
     def stored_at(self, position: int) -> StoredT | None:
         if self.previous is None or position >= len(self.previous.stored):
@@ -185,7 +190,7 @@ class HistoryTracker(Generic[StoredT]):
         seen = previous.messages
         overlap = min(len(current), len(seen))
         settled = max(0, len(seen) - TAIL) if overlap == len(seen) else 0
-        if settled and not all(map(operator.is_, seen[:settled], current[:settled])):
+        if settled and not all(map(operator.is_, itertools.islice(seen, settled), current)):
             settled = 0  # the history was rewritten: check every position
         candidates: list[int] = []
         for position in range(settled, len(current)):
@@ -195,7 +200,7 @@ class HistoryTracker(Generic[StoredT]):
                 if seen[position] is message and shape is not None and _same(shape, _shape(message)):
                     continue
             candidates.append(position)
-        return HistoryDelta(run_id, current, candidates, previous)
+        return HistoryDelta(run_id, current, candidates, previous, previous.generation)
 
     def commit(
         self,
@@ -204,38 +209,54 @@ class HistoryTracker(Generic[StoredT]):
         log_size: int,
         bases: Mapping[int, PatchBase] | None = None,
         weights: Mapping[int, int] | None = None,
-    ) -> list[StoredT]:
+    ) -> None:
         """Record a successful write: `stored` maps every candidate position to what is now stored.
 
         `bases` are the full texts this write appended (patches keep their position's base); the
         run keeps the newest base of each of its last `TAIL` positions. `weights` estimates the
-        bytes each written position's message holds.
-
-        Returns what is stored for every position of the history (shared with the tracker: read only).
+        bytes each written position's message holds. The run's record is updated in place, so a
+        boundary costs what it wrote, not the history's length.
         """
+        run_id = delta.run_id
+        run = delta.previous
+        if run is None:
+            run = RunHistory[StoredT]()
+        elif self._runs.get(run_id) is not run or run.generation != delta.generation:
+            # Another write of this run was recorded after this delta was taken: what the store
+            # holds per position is no longer known here, so the next save rewrites in full.
+            self.forget(run_id)
+            return
+        else:
+            self._weight -= run.weight
         count = len(delta.messages)
-        previous = delta.previous if delta.previous is not None else RunHistory[StoredT]()
-        kept = min(count, len(previous.stored))
-        shapes: list[list[object] | None] = previous.shapes[:kept] + [None] * (count - kept)
-        values: list[StoredT | None] = [*previous.stored[:kept], *([None] * (count - kept))]
-        sizes = previous.weights[:kept] + [0] * (count - kept)
+        values = cast(list[StoredT | None], run.stored)
+        if len(values) > count:
+            run.weight -= sum(run.weights[count:])
+            del run.shapes[count:], values[count:], run.weights[count:]
+        added = count - len(values)
+        run.shapes += [None] * added
+        values += [None] * added
+        run.weights += [0] * added
         for position, value in stored.items():
-            shapes[position] = _shape(delta.messages[position])
+            run.shapes[position] = _shape(delta.messages[position])
             values[position] = value
             if weights is not None:
-                sizes[position] = weights.get(position, 0)
-        tail = range(max(0, count - TAIL), count)
-        run_bases = {position: base for position, base in previous.bases.items() if position in tail}
+                size = weights.get(position, 0)
+                run.weight += size - run.weights[position]
+                run.weights[position] = size
+        tail = count - TAIL
+        run.bases = {position: base for position, base in run.bases.items() if tail <= position < count}
         if bases:
-            run_bases.update((position, base) for position, base in bases.items() if position in tail)
-        run = RunHistory(delta.messages, shapes, cast(list[StoredT], values), log_size, run_bases, sizes, sum(sizes))
-        self.forget(delta.run_id)
-        self._runs[delta.run_id] = run
+            run.bases.update((position, base) for position, base in bases.items() if tail <= position < count)
+        run.messages = delta.messages
+        run.log_size = log_size
+        run.generation += 1
+        self._runs.pop(run_id, None)
+        self._runs[run_id] = run
         self._weight += run.weight
         while len(self._runs) > 1 and (len(self._runs) > self._max_runs or self._weight > self._max_bytes):
             _, evicted = self._runs.popitem(last=False)
             self._weight -= evicted.weight
-        return run.stored
 
     def forget(self, run_id: str) -> None:
         """Drop what is known about a run: it has ended, or a write's outcome is unknown."""
