@@ -1,5 +1,5 @@
 """`open_step_store('postgresql://...')`, `from_spec(backend='postgres')`, the constructor's checks, and migrating
-a version-1 database."""
+version-1 and version-2 databases."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ import pytest
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import PostgresStepStore, RunRecord, ToolEffectRecord, open_step_store
 from pydantic_ai_steps.store.backends.postgres import split_location
-from pydantic_ai_steps.store.backends.postgres._schema import SCHEMA_VERSION, _commit_function  # pyright: ignore[reportPrivateUsage]
+from pydantic_ai_steps.store.backends.postgres._schema import (
+    COMMIT_PARAMETERS,
+    SCHEMA_VERSION,
+    _commit_function,  # pyright: ignore[reportPrivateUsage]
+)
 from pydantic_ai_steps.store.codec import EFFECT_FIELDS, RESOLUTION_FIELDS
 from pydantic_ai_steps.testing.step_store import T0
 
@@ -81,5 +85,36 @@ async def test_a_version_1_database_gets_the_commit_that_keeps_a_resolution(
             late = await store.get_tool_effect(run_id='r', tool_call_id='c1')
         assert late is not None and (late.status, late.resolution, late.resolved_by) == ('completed', 'not_done', 'ops')
         assert await admin.fetchval(f'SELECT max(version) FROM {prefix}_schema_version') == SCHEMA_VERSION
+    finally:
+        await admin.close()
+
+
+@pytest.mark.anyio
+async def test_a_version_2_database_keeps_its_commit_function_for_the_processes_still_calling_it(
+    dsn: str, prefix: str, anyio_backend: str
+) -> None:
+    """Version 2's `{t}_commit` took one array per effect and event column; a process of that release that
+    opened the store before the migration still calls it by that signature."""
+    del anyio_backend
+    async with PostgresStepStore(dsn=dsn, table=prefix) as store:
+        await store.register_run(RunRecord(run_id='r', started_at=T0))
+    kinds = [kind for _, kind in COMMIT_PARAMETERS]
+    rows_at = [name for name, _ in COMMIT_PARAMETERS].index('f_rows')
+    effect_arrays = ['text[]'] * 4 + ['timestamptz[]'] * 2 + ['text[]'] * 4 + ['timestamptz[]', 'text[]']
+    event_arrays = ['text[]', 'text[]', 'integer[]', 'timestamptz[]'] + ['text[]'] * 9
+    version_2 = [*kinds[:rows_at], *effect_arrays, *event_arrays, *kinds[rows_at + 2 :]]
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(
+            f'CREATE FUNCTION {prefix}_commit({", ".join(version_2)}) RETURNS integer LANGUAGE sql AS $$ SELECT 2 $$'
+        )
+        await admin.execute(f'UPDATE {prefix}_schema_version SET version = 2')
+        async with PostgresStepStore(dsn=dsn, table=prefix) as store:
+            started = ToolEffectRecord(tool_call_id='c1', tool_name='post', run_id='r', status='started', started_at=T0)
+            await store.record_tool_effect(started)
+            assert await store.get_tool_effect(run_id='r', tool_call_id='c1') is not None
+        assert await admin.fetchval(f'SELECT max(version) FROM {prefix}_schema_version') == SCHEMA_VERSION == 3
+        nulls = ', '.join(f'NULL::{kind}' for kind in version_2)
+        assert await admin.fetchval(f'SELECT {prefix}_commit({nulls})') == 2
     finally:
         await admin.close()

@@ -223,6 +223,24 @@ class BackendConformance:
         assert len(await backend.fetch_events(run_id)) == 1
 
     @pytest.mark.anyio
+    async def test_entries_of_one_call_in_one_batch_apply_in_turn(self, backend: Backend) -> None:
+        run_id = await self.registered(backend)
+
+        def effect(call: str, status: Any) -> Any:
+            return backend.encoding.effect(
+                ToolEffectRecord(tool_call_id=call, tool_name='t', run_id=run_id, status=status, started_at=T0)
+            )
+
+        batch = [effect('a', 'started'), effect('b', 'started'), effect('a', 'completed'), effect('c', 'started')]
+        await backend.commit(WriteBatch(tool_effects=batch, run_ids=frozenset({run_id})))
+        rows = self.rows(await backend.fetch_effects(run_id))
+        assert [(row['tool_call_id'], row['status']) for row in rows] == [
+            ('a', 'completed'),
+            ('b', 'started'),
+            ('c', 'started'),
+        ]
+
+    @pytest.mark.anyio
     async def test_resolve_effect_writes_only_the_resolution_and_only_while_the_entry_allows(
         self, backend: Backend
     ) -> None:

@@ -3,14 +3,16 @@
 Why a function: a write of the capability registers the run, claims a snapshot key, checks
 where the run's log ends, appends to it, inserts the snapshot, upserts tool effects, inserts
 events and closes runs, each conditional on the one before. As one `SELECT {t}_commit(...)` with
-the tool effects and events bound as one array per column, that is one round trip and one
+the tool effects and events bound as two JSON arrays of rows, that is one round trip and one
 implicit transaction whatever the batch holds or the history's length. A refusal (run taken,
 run missing, log moved) is raised inside it, so nothing the statement did stays.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from ...._errors import RunAlreadyExistsError, RunNotFoundError
@@ -379,8 +381,7 @@ def _commit_args(batch: WriteBatch) -> list[object]:
         ]
     else:
         args += [None] * 10 + [[], []]
-    args += [[row.get(name) for row in batch.tool_effects] for name in EFFECT_FIELDS]
-    args += [[row.get(name) for row in batch.events] for name in EVENT_FIELDS]
+    args += [_json_rows(_latest_per_call(batch.tool_effects)), _json_rows(batch.events)]
     args += [
         [closing.run_id for closing in batch.closings],
         [closing.status for closing in batch.closings],
@@ -388,6 +389,31 @@ def _commit_args(batch: WriteBatch) -> list[object]:
         sorted(batch.run_ids),
     ]
     return args
+
+
+def _latest_per_call(effects: Sequence[Row]) -> Sequence[Row]:
+    """One row per tool call, its last, at the place of its first: as if each had been upserted in turn
+    (one `INSERT ... ON CONFLICT DO UPDATE` cannot touch a row twice)."""
+    if len(effects) < 2:
+        return effects
+    latest: dict[tuple[object, object], Row] = {}
+    for row in effects:
+        latest[row['run_id'], row['tool_call_id']] = row
+    return list(latest.values())
+
+
+def _json_rows(rows: Sequence[Row]) -> str | None:
+    """Rows as one JSON array for `json_populate_recordset` (times as ISO 8601 text); `None` for none."""
+    return _ROWS_ENCODER.encode(rows) if rows else None
+
+
+def _iso_time(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f'a {type(value).__name__} in a record row: {value!r}')
+
+
+_ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(',', ':'), default=_iso_time)
 
 
 def _server_message(error: BaseException) -> str:

@@ -1,7 +1,7 @@
 """The PostgreSQL step store's tables under a prefix, their migrations, and reading a database not migrated yet.
 
-Version 2 is the layout this release writes (`{t}` is the table prefix; version 1 differs only in
-`{t}_commit`, which let an upsert clear a tool effect's resolution):
+Version 3 is the layout this release writes (`{t}` is the table prefix; the tables are those of
+versions 1 and 2, which differ only in `{t}_commit`):
 
 - `{t}_runs` (`run_id` primary key; `seq` for a stable order among equal start times; `log_size`,
   where the run's message log ends, which every snapshot commit checks and moves under the run's
@@ -16,7 +16,9 @@ Version 2 is the layout this release writes (`{t}` is the table prefix; version 
   writes; `seq` keeps the order calls were first recorded),
   `{t}_schema_version`;
 - two functions: `{t}_commit(...)`, one write of the capability as one statement, and
-  `{t}_delete_runs(text[])`.
+  `{t}_delete_runs(text[])`. Version 3's `{t}_commit` takes the tool effects and events as two
+  JSON arrays of rows; version 2's (one array per column) stays beside it, so a process of the
+  release before that opened the store before the migration keeps writing.
 
 Timestamps are `timestamptz`, run metadata `jsonb`. The upstream package's layout (the same
 table names with text columns, its content-addressed `{t}_messages`) is adopted in place by the
@@ -39,8 +41,9 @@ from ...._errors import SchemaVersionError
 from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RESOLUTION_FIELDS, RUN_FIELDS
 from ._pool import PostgresConnection
 
-SCHEMA_VERSION = 2
-"""1: the tables and functions below; 2: `{t}_commit` leaves a stored resolution in place."""
+SCHEMA_VERSION = 3
+"""1: the tables and functions below; 2: `{t}_commit` leaves a stored resolution in place; 3: it takes
+tool effects and events as JSON rows (30 parameters instead of 53)."""
 PREFIX = re.compile(r'[a-z_][a-z0-9_]{0,39}')
 """Upstream's rule: lowercase, at most 40 characters, so every derived name stays under 63 bytes."""
 
@@ -129,8 +132,6 @@ def _indexes(t: str) -> list[str]:
     ]
 
 
-_EFFECT_TYPES = ('text',) * 4 + ('timestamptz', 'timestamptz') + ('text',) * 4 + ('timestamptz', 'text')
-_EVENT_TYPES = ('text', 'text', 'integer', 'timestamptz') + ('text',) * 9
 COMMIT_PARAMETERS: tuple[tuple[str, str], ...] = (
     *zip(
         (f'r_{name}' for name in RUN_FIELDS),
@@ -149,15 +150,16 @@ COMMIT_PARAMETERS: tuple[tuple[str, str], ...] = (
     ('s_expected', 'integer'),
     ('s_positions', 'integer[]'),
     ('s_texts', 'text[]'),
-    *zip((f'f_{name}' for name in EFFECT_FIELDS), (f'{kind}[]' for kind in _EFFECT_TYPES), strict=True),
-    *zip((f'e_{name}' for name in EVENT_FIELDS), (f'{kind}[]' for kind in _EVENT_TYPES), strict=True),
+    ('f_rows', 'json'),
+    ('e_rows', 'json'),
     ('c_run_id', 'text[]'),
     ('c_status', 'text[]'),
     ('c_ended_at', 'timestamptz[]'),
     ('run_ids', 'text[]'),
 )
 """The commit function's parameters, in order: the registration, the snapshot, the tool effects and
-events as one array per column, the closings, and every run id the batch writes for."""
+the events (each a JSON array of rows keyed by column, or NULL for none; one row per tool call), the
+closings, and every run id the batch writes for."""
 
 # SQLSTATEs the commit function raises (class PS: "pydantic-ai-steps"), mapped by the backend.
 RUN_EXISTS = 'PS409'
@@ -170,14 +172,11 @@ def _commit_function(t: str) -> str:
     params = ', '.join(f'{name} {kind}' for name, kind in COMMIT_PARAMETERS)
     run_values = ', '.join(f'r_{name}' for name in RUN_FIELDS)
     effects = ', '.join(EFFECT_FIELDS)
-    effect_arrays = ', '.join(f'f_{name}' for name in EFFECT_FIELDS)
     # A stored entry keeps its resolution: only `PostgresBackend.resolve_effect` writes it.
     effect_updates = ', '.join(
         f'{name} = EXCLUDED.{name}' for name in EFFECT_FIELDS[2:] if name not in RESOLUTION_FIELDS
     )
-    effect_firsts = ', '.join(f'f_{name}[1]' for name in EFFECT_FIELDS)
     events = ', '.join(EVENT_FIELDS)
-    event_arrays = ', '.join(f'e_{name}' for name in EVENT_FIELDS)
     return f"""
 CREATE OR REPLACE FUNCTION {t}_commit({params}) RETURNS integer LANGUAGE plpgsql AS $commit$
 DECLARE
@@ -237,21 +236,16 @@ BEGIN
       v_result := {SUPPRESSED_CODE};
     END IF;
   END IF;
-  IF cardinality(f_run_id) = 1 THEN
-    INSERT INTO {t}_tool_effects ({effects}) VALUES ({effect_firsts})
-      ON CONFLICT (run_id, tool_call_id) DO UPDATE SET {effect_updates};
-  ELSIF cardinality(f_run_id) > 1 THEN
-    -- The last entry of a call wins, as if each had been written in turn.
+  IF f_rows IS NOT NULL THEN
     INSERT INTO {t}_tool_effects ({effects})
-      SELECT {effects} FROM (
-        SELECT DISTINCT ON (x.run_id, x.tool_call_id) x.* FROM unnest({effect_arrays}) WITH ORDINALITY
-          AS x({effects}, ord) ORDER BY x.run_id, x.tool_call_id, x.ord DESC
-      ) AS latest ORDER BY latest.ord
+      SELECT {effects} FROM json_populate_recordset(NULL::{t}_tool_effects, f_rows) WITH ORDINALITY AS x
+      ORDER BY x.ordinality
       ON CONFLICT (run_id, tool_call_id) DO UPDATE SET {effect_updates};
   END IF;
-  IF cardinality(e_run_id) > 0 THEN
+  IF e_rows IS NOT NULL THEN
     INSERT INTO {t}_events ({events})
-      SELECT {events} FROM unnest({event_arrays}) AS x({events})
+      SELECT {events} FROM json_populate_recordset(NULL::{t}_events, e_rows) WITH ORDINALITY AS x
+      ORDER BY x.ordinality
       ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
   END IF;
   IF cardinality(c_run_id) > 0 THEN
