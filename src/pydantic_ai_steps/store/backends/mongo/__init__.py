@@ -2,7 +2,8 @@
 
 Collections and indexes: see `_layout` (the seed's `runs`, `events`, `snapshots`, `tool_effects`
 and `counters`, plus the runs' `message_log`); how one write stays correct without transactions in
-two round trips: see `_backend`; the upstream package's layouts it still reads: see `_legacy`.
+two round trips: see `_backend` (the documents it sends, built and checked first: `_plan`); the
+upstream package's layouts it still reads: see `_legacy`.
 """
 
 from __future__ import annotations
