@@ -38,11 +38,10 @@ import logging
 import os
 import re
 import stat
-import sys
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from datetime import datetime
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -65,6 +64,7 @@ from .._protocol import (
     utc_from_timestamp,
 )
 from .._uri import parse_media_uri, uri_for_digest
+from ._disk_keys import SIDECAR_SUFFIX, check_lengths, fits, safe_relative_key
 from ._sha256 import Sha256Thread
 
 __all__ = ['DiskMediaStore']
@@ -73,13 +73,6 @@ logger = logging.getLogger('pydantic_ai_steps.media')
 
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
-_SIDECAR_SUFFIX = '.meta.json'
-_NAME_MAX_BYTES = 255
-"""The longest file or directory name common file systems take (ext4, XFS, APFS, NTFS...)."""
-_PATH_MAX_BYTES = 1023 if sys.platform == 'darwin' else 4095
-"""The longest path the OS takes (`PATH_MAX` less its terminating NUL)."""
-_TEMP_NAME_BYTES = len(f'put-{uuid.UUID(int=0).hex}.tmp')
-"""Temporary files are named `put-<32 hex>.tmp`, whatever the name of the file they become."""
 _TEMP_NAME = re.compile(r'(?:put|gc)-[0-9a-f]{32}\.tmp')
 """Temporary files of puts, and blobs `delete` is about to remove (`gc-<32 hex>.tmp`): never listed."""
 _UTIME_FOLLOWS_LINKS = os.utime not in os.supports_follow_symlinks
@@ -286,7 +279,7 @@ class DiskMediaStore:
                             continue
                         if (
                             not entry.is_file(follow_symlinks=False)
-                            or entry.name.endswith(_SIDECAR_SUFFIX)
+                            or entry.name.endswith(SIDECAR_SUFFIX)
                             or _TEMP_NAME.fullmatch(entry.name)
                         ):
                             continue
@@ -317,7 +310,7 @@ class DiskMediaStore:
 
     def _addresses(self, uri: str, path: str, key: str) -> bool:
         """Whether `uri`'s key, with an empty context, is the file at `path` (whose relative key is `key`)."""
-        if self._key_strategy(uri, EMPTY_CONTEXT) == key and _fits(path):
+        if self._key_strategy(uri, EMPTY_CONTEXT) == key and fits(path):
             return True  # the usual case, without the cost of parsing paths
         try:
             return self._path(uri, EMPTY_CONTEXT) == Path(path)
@@ -361,9 +354,9 @@ class DiskMediaStore:
 
     def _path(self, uri: str, context: MediaContext) -> Path:
         parse_media_uri(uri)  # validate before the strategy sees it
-        key = _safe_relative_key(self._key_strategy(uri, context), uri)
+        key = safe_relative_key(self._key_strategy(uri, context), uri)
         path = self._root / key
-        _check_lengths(key, self._root, uri)
+        check_lengths(key, self._root, uri)
         return path
 
     def _enter(self, directory: Path, *, create: bool) -> bool:
@@ -405,75 +398,8 @@ class DiskMediaStore:
                 fsync_dir(folder.parent)
 
 
-def _safe_relative_key(key: object, uri: str) -> str:
-    if not isinstance(key, str):
-        raise TypeError(f'key_strategy must return a str relative path, got {type(key).__name__} for {uri}')
-    posix = PurePosixPath(key)
-    windows = PureWindowsPath(key)
-    if (
-        not key
-        or '\x00' in key
-        or posix.is_absolute()
-        or windows.is_absolute()
-        or windows.drive
-        or key.startswith(('/', '\\'))
-        or '..' in windows.parts  # Windows parsing splits on both separators
-        or posix.name in ('', '.')
-    ):
-        raise ValueError(
-            f'key_strategy produced traversal-unsafe path: {key!r} for {uri}; keys must be relative file paths '
-            "inside the store directory, without '..' segments"
-        )
-    return key
-
-
-def _check_lengths(key: str, root: Path, uri: str) -> None:
-    """Refuse a key the file system would refuse with ENAMETOOLONG, before anything is written.
-
-    The blob's own name leaves room for the `.meta.json` sidecar beside it, and the whole path for
-    the sidecar and for a temporary file in the blob's directory.
-    """
-    parts = Path(key).parts
-    for index, part in enumerate(parts):
-        last = index == len(parts) - 1
-        limit = _NAME_MAX_BYTES - len(_SIDECAR_SUFFIX) if last else _NAME_MAX_BYTES
-        size = len(_fs_bytes(part, key, uri))
-        if size > limit:
-            what = 'file name' if last else 'directory name'
-            reason = f"{_NAME_MAX_BYTES}, the file-system limit, less the {_SIDECAR_SUFFIX!r} sidecar's suffix"
-            raise ValueError(
-                f'key_strategy produced a key with a {what} of {size} bytes in UTF-8; a {what} may have at most '
-                f'{limit} bytes ({reason if last else "the file-system limit"}): {_shorten(key)} for {uri}'
-            )
-    limit = _PATH_MAX_BYTES - max(len(_SIDECAR_SUFFIX), _TEMP_NAME_BYTES + 1)
-    size = len(_fs_bytes(os.path.abspath(root / key), key, uri))
-    if size > limit:
-        raise ValueError(
-            f'key_strategy produced a key giving a path of {size} bytes in UTF-8; a path may have at most {limit} '
-            f'bytes (the OS limit of {_PATH_MAX_BYTES} less room for the sidecar and temporary files beside the '
-            f'blob): {_shorten(key)} in store directory {_shorten(str(root))} for {uri}'
-        )
-
-
-def _fs_bytes(text: str, key: str, uri: str) -> bytes:
-    try:
-        return os.fsencode(text)
-    except UnicodeEncodeError:
-        raise ValueError(
-            f'key_strategy produced a key the file system cannot name (not encodable as UTF-8): {_shorten(key)} '
-            f'for {uri}'
-        ) from None
-
-
-def _shorten(text: str, limit: int = 80) -> str:
-    """`repr(text)`, cut in the middle when long, so a message shows a huge key without printing it whole."""
-    if len(text) <= limit:
-        return repr(text)
-    return f'{text[: limit // 2]!r}…{text[-limit // 4 :]!r} ({len(text)} characters)'
-
-
 def _sidecar(blob: Path) -> Path:
-    return blob.with_name(blob.name + _SIDECAR_SUFFIX)
+    return blob.with_name(blob.name + SIDECAR_SUFFIX)
 
 
 def _refresh(blob: Path) -> bool:
@@ -485,17 +411,6 @@ def _refresh(blob: Path) -> bool:
     except FileNotFoundError:  # collected just now: the caller writes it again
         return False
     return True
-
-
-def _fits(path: str) -> bool:
-    """The length checks of `_check_lengths` for a file that exists (its directory names fit already)."""
-    try:
-        name = os.path.basename(path)
-        return len(os.fsencode(name)) <= _NAME_MAX_BYTES - len(_SIDECAR_SUFFIX) and len(
-            os.fsencode(path)
-        ) <= _PATH_MAX_BYTES - max(len(_SIDECAR_SUFFIX), _TEMP_NAME_BYTES + 1)
-    except UnicodeEncodeError:
-        return False
 
 
 def _next_batch(blobs: Iterator[BlobInfo]) -> list[BlobInfo]:
