@@ -9,7 +9,13 @@ import asyncpg
 import pytest
 
 from pydantic_ai_steps import StepPersistence
-from pydantic_ai_steps.step_persistence import PostgresStepStore, RunRecord, ToolEffectRecord, open_step_store
+from pydantic_ai_steps.step_persistence import (
+    InvalidRecordError,
+    PostgresStepStore,
+    RunRecord,
+    ToolEffectRecord,
+    open_step_store,
+)
 from pydantic_ai_steps.store.backends.postgres import split_location
 from pydantic_ai_steps.store.backends.postgres._schema import (
     COMMIT_PARAMETERS,
@@ -118,3 +124,23 @@ async def test_a_version_2_database_keeps_its_commit_function_for_the_processes_
         assert await admin.fetchval(f'SELECT {prefix}_commit({nulls})') == 2
     finally:
         await admin.close()
+
+
+@pytest.mark.anyio
+async def test_a_nul_character_postgresql_cannot_hold_is_a_clear_error_and_nothing_is_stored(
+    dsn: str, prefix: str, anyio_backend: str
+) -> None:
+    del anyio_backend
+    async with PostgresStepStore(dsn=dsn, table=prefix) as store:
+        with pytest.raises(InvalidRecordError, match=r"run 'r'.*NUL character \(U\+0000\).*nothing of the write"):
+            await store.register_run(RunRecord(run_id='r', started_at=T0, run_metadata={'page': 'a\x00b'}))
+        assert await store.get_run(run_id='r') is None
+        await store.register_run(RunRecord(run_id='r', started_at=T0))
+        effect = ToolEffectRecord(
+            tool_call_id='c1', tool_name='post', run_id='r', status='started', started_at=T0, effect_summary='x\x00'
+        )
+        with pytest.raises(InvalidRecordError, match="run 'r'"):
+            await store.record_tool_effect(effect)
+        assert await store.get_tool_effect(run_id='r', tool_call_id='c1') is None
+        await store.record_tool_effect(replace(effect, effect_summary='x'))  # the store carries on
+        assert await store.get_tool_effect(run_id='r', tool_call_id='c1') is not None

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from ...._errors import RunAlreadyExistsError, RunNotFoundError
+from ...._errors import InvalidRecordError, RunAlreadyExistsError, RunNotFoundError
 from ...._records import RunQuery
 from ...backend import (
     STALE,
@@ -82,6 +82,8 @@ class PostgresBackend:
                     raise RunNotFoundError(_server_message(error)) from None
                 if code == LOG_MOVED:
                     return STALE
+                if code in _UNSTORABLE_TEXT:
+                    raise InvalidRecordError(_unstorable_text(batch, error)) from None
                 raise
             if value is None:
                 return None
@@ -414,6 +416,22 @@ def _iso_time(value: object) -> str:
 
 
 _ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(',', ':'), default=_iso_time)
+
+
+_UNSTORABLE_TEXT = frozenset({'22P05', '22021'})
+"""SQLSTATEs of a text PostgreSQL cannot hold: U+0000 in a `jsonb` value, a NUL byte in a `text` one."""
+
+
+def _unstorable_text(batch: WriteBatch, error: BaseException) -> str:
+    run_ids: set[str] = set(batch.run_ids)
+    if batch.run is not None:
+        run_ids.add(str(batch.run['run_id']))
+    runs = ', '.join(repr(run_id) for run_id in sorted(run_ids))
+    return (
+        f'PostgreSQL cannot store a text of this write for run {runs}: it holds the NUL character (U+0000), '
+        f'which PostgreSQL text and jsonb cannot hold ({_server_message(error)}); nothing of the write was '
+        'stored. Remove it from the metadata or field that carries it (message texts may hold it: they are JSON)'
+    )
 
 
 def _server_message(error: BaseException) -> str:
