@@ -97,6 +97,17 @@ def test_a_delta_taken_before_another_write_of_its_run_was_recorded_forgets_the_
     assert commit_all(tracker, 'r', messages) == list(range(10))
 
 
+def test_two_first_writes_of_one_run_leave_the_weight_of_the_last() -> None:
+    tracker: HistoryTracker[int] = HistoryTracker()
+    messages = history(4)
+    first, second = tracker.delta('r', messages), tracker.delta('r', messages)
+    tracker.commit(first, dict.fromkeys(first.candidates, 0), 4, weights=dict.fromkeys(first.candidates, 100))
+    tracker.commit(second, dict.fromkeys(second.candidates, 0), 8, weights=dict.fromkeys(second.candidates, 10))
+    assert len(tracker) == 1 and tracker.weight == 40
+    tracker.forget('r')
+    assert tracker.weight == 0
+
+
 def test_the_weight_follows_a_history_that_grows_changes_and_shrinks() -> None:
     tracker: HistoryTracker[int] = HistoryTracker()
     messages = history(10)

@@ -220,6 +220,7 @@ class HistoryTracker(Generic[StoredT]):
         run_id = delta.run_id
         run = delta.previous
         if run is None:
+            self.forget(run_id)  # what a concurrent first write recorded meanwhile: this one covers every position
             run = RunHistory[StoredT]()
         elif self._runs.get(run_id) is not run or run.generation != delta.generation:
             # Another write of this run was recorded after this delta was taken: what the store
