@@ -67,6 +67,11 @@ async def test_open_step_store_and_from_spec(dsn: str, prefix: str, anyio_backen
         StepPersistence.from_spec(backend='postgres')
 
 
+def started_effect() -> ToolEffectRecord:
+    """The ledger entry the migration tests write: call `c1` of run `r`, started."""
+    return ToolEffectRecord(tool_call_id='c1', tool_name='post', run_id='r', status='started', started_at=T0)
+
+
 @pytest.mark.anyio
 async def test_a_version_1_database_gets_the_commit_that_keeps_a_resolution(
     dsn: str, prefix: str, anyio_backend: str
@@ -84,7 +89,7 @@ async def test_a_version_1_database_gets_the_commit_that_keeps_a_resolution(
         await admin.execute(version_1)
         await admin.execute(f'UPDATE {prefix}_schema_version SET version = 1')
         async with PostgresStepStore(dsn=dsn, table=prefix) as store:
-            started = ToolEffectRecord(tool_call_id='c1', tool_name='post', run_id='r', status='started', started_at=T0)
+            started = started_effect()
             await store.record_tool_effect(started)
             await store.resolve_tool_effect(run_id='r', tool_call_id='c1', outcome='not_done', by='ops')
             await store.record_tool_effect(replace(started, status='completed', ended_at=T0))
@@ -116,7 +121,7 @@ async def test_a_version_2_database_keeps_its_commit_function_for_the_processes_
         )
         await admin.execute(f'UPDATE {prefix}_schema_version SET version = 2')
         async with PostgresStepStore(dsn=dsn, table=prefix) as store:
-            started = ToolEffectRecord(tool_call_id='c1', tool_name='post', run_id='r', status='started', started_at=T0)
+            started = started_effect()
             await store.record_tool_effect(started)
             assert await store.get_tool_effect(run_id='r', tool_call_id='c1') is not None
         assert await admin.fetchval(f'SELECT max(version) FROM {prefix}_schema_version') == SCHEMA_VERSION == 3
@@ -136,9 +141,7 @@ async def test_a_nul_character_postgresql_cannot_hold_is_a_clear_error_and_nothi
             await store.register_run(RunRecord(run_id='r', started_at=T0, run_metadata={'page': 'a\x00b'}))
         assert await store.get_run(run_id='r') is None
         await store.register_run(RunRecord(run_id='r', started_at=T0))
-        effect = ToolEffectRecord(
-            tool_call_id='c1', tool_name='post', run_id='r', status='started', started_at=T0, effect_summary='x\x00'
-        )
+        effect = replace(started_effect(), effect_summary='x\x00')
         with pytest.raises(InvalidRecordError, match="run 'r'"):
             await store.record_tool_effect(effect)
         assert await store.get_tool_effect(run_id='r', tool_call_id='c1') is None
