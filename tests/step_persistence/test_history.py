@@ -32,10 +32,11 @@ from pydantic_ai_steps.store.history import (
     LogEntry,
     MessageAdapter,
     message_to_json,
+    request_tail,
     resolve_history,
 )
 from pydantic_ai_steps.store.message_log import MessageLog, PreparedSnapshot
-from pydantic_ai_steps.store.patch import PATCH_PREFIX, apply_patch, is_patch, make_patch, patch_base_index
+from pydantic_ai_steps.store.patch import PATCH_PREFIX, apply_patch, is_patch, make_patch, patch_base_index, restamp
 from pydantic_ai_steps.testing.step_store import message_strategy
 
 
@@ -244,6 +245,71 @@ def test_only_compact_json_objects_are_patched() -> None:
 def test_a_malformed_patch_does_not_apply(patch: str) -> None:
     with pytest.raises(ValueError):
         apply_patch(patch, '{"a":1,"b":[1,2]}')
+
+
+def test_a_restamped_text_keeps_the_first_member_and_takes_the_new_tail() -> None:
+    base = '{"parts":[{"a":"],\\"timestamp\\":1","b":{"c":[1]}}],"timestamp":null,"kind":"request","meta":{"b":[1]}}'
+    result = restamp(4, base, ',"timestamp":"now","meta":null,"state":"complete"}')
+    assert result is not None
+    text, patch = result
+    head = '{"parts":[{"a":"],\\"timestamp\\":1","b":{"c":[1]}}]'
+    assert text == head + ',"timestamp":"now","meta":null,"state":"complete"}'
+    assert patch == PATCH_PREFIX + '4,0,{"timestamp":"now"},{"meta":null},{"state":"complete"}]}'
+    assert apply_patch(patch, base) == text
+
+
+@pytest.mark.parametrize(
+    ('base', 'tail'),
+    [
+        ('{"parts": [],"timestamp":1}', ',"timestamp":3}'),  # not compact
+        ('{"parts":[] ,"timestamp":1}', ',"timestamp":3}'),
+        ('{"parts":[],"timestamp":1}', ',"timestamp": 3}'),
+        ('{"parts":[],"timestamp":1}', '}'),  # no members after the first
+        ('{"parts":[],"timestamp":1}', '"timestamp":3}'),
+        ('{"parts":[1,"timestamp":1}', ',"timestamp":3}'),  # not JSON
+        ('{"parts"', ',"timestamp":3}'),
+        ('[1,2]', ',"timestamp":3}'),
+        (PATCH_PREFIX + '0,0,{"timestamp":1}]}', ',"timestamp":3}'),  # never a patch of a patch
+    ],
+)
+def test_a_text_that_is_not_compact_json_is_not_restamped(base: str, tail: str) -> None:
+    assert restamp(0, base, tail) is None
+
+
+def test_a_stamped_request_is_not_serialized_again_when_its_parts_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serializing tool results is most of a boundary's cost: a stamped version spells its parts as
+    the base does, so only its other fields are serialized, and the text is the same byte for byte."""
+    import pydantic_ai_steps.store.message_log as message_log
+
+    serialized: list[ModelMessage] = []
+
+    def counting(message: ModelMessage) -> str:
+        serialized.append(message)
+        return message_to_json(message)
+
+    monkeypatch.setattr(message_log, 'message_to_json', counting)
+
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(None, 1 << 20)
+        request = tool_return(0)
+        messages: list[ModelMessage] = [request]
+        await log.save(snapshot_of(messages), store.write)
+        stamp(request)
+        serialized.clear()
+        await log.save(snapshot_of(messages), store.write)
+        assert serialized == [] and is_patch(store.log[-1].text)
+        request.parts = [request.parts[0]]  # a new list of the same parts: spelled the same
+        request.instructions = 'again'
+        await log.save(snapshot_of(messages), store.write)
+        assert serialized == [] and is_patch(store.log[-1].text)
+        request.parts = [ToolReturnPart('fetch', 'y' * 2048, tool_call_id='call-0')]  # other parts
+        request.instructions = 'and again'
+        await log.save(snapshot_of(messages), store.write)
+        assert serialized == [request]
+        for count, size, texts in store.snapshots:
+            assert resolve_history(store.log, count, size) == texts
+
+    asyncio.run(main())
 
 
 # --- patches: resolving a snapshot ---------------------------------------------------------------
@@ -480,6 +546,34 @@ def test_any_change_round_trips_byte_exactly(
     assert resolve_history(log, 1, base_index + 1) == [base]
 
 
+@settings(max_examples=300, deadline=None)
+@given(pair=message_dict_pairs(), data=st.data(), base_index=st.integers(0, 10**6))
+def test_any_restamp_is_the_base_with_the_new_tail_exactly(
+    pair: tuple[dict[str, Any], dict[str, Any]], data: st.DataObject, base_index: int
+) -> None:
+    old, new = pair
+
+    def members(value: dict[str, Any]) -> str:
+        spelled = (data.draw(raw_json(key)) + ':' + data.draw(raw_json(item)) for key, item in value.items())
+        return ''.join(',' + member for member in spelled)
+
+    old, new = dict(old), dict(new)
+    head = '{"parts":' + data.draw(raw_json(old.pop('parts')))
+    new.pop('parts', None)
+    base, tail = head + members(old) + '}', members(new) + '}'
+    result = restamp(base_index, base, tail)
+    if not new:
+        assert result is None
+        return
+    assert result is not None
+    text, patch = result
+    assert text == head + tail
+    assert patch_base_index(patch) == base_index
+    assert apply_patch(patch, base) == text
+    log = [LogEntry(base_index, 0, base), LogEntry(base_index + 1, 0, patch)]
+    assert resolve_history(log, 1, base_index + 2) == [text]
+
+
 @settings(max_examples=200, deadline=None)
 @given(left=json_values, right=json_values, spaced=st.booleans())
 def test_any_pair_of_texts_patches_exactly_or_not_at_all(left: Any, right: Any, spaced: bool) -> None:
@@ -528,6 +622,23 @@ def test_every_snapshot_resolves_to_what_was_saved(script: list[str]) -> None:
             assert resolve_history(store.log, count, size) == texts
 
     asyncio.run(main())
+
+
+@settings(max_examples=150, deadline=None)
+@given(message=message_strategy(), instructions=st.none() | st.text(max_size=20))
+def test_a_restamped_request_is_the_adapters_bytes(message: ModelMessage, instructions: str | None) -> None:
+    """What a boundary writes for a stamped request is what serializing all of it would write."""
+    if not isinstance(message, ModelRequest):
+        return
+    before = message_to_json(message)
+    stamp(message)
+    message.instructions = instructions
+    tail = request_tail(message)
+    assert tail is not None
+    result = restamp(0, before, tail)
+    assert result is not None
+    assert result[0] == message_to_json(message) == MessageAdapter.dump_json(message).decode()
+    assert apply_patch(result[1], before) == result[0]
 
 
 @settings(max_examples=150, deadline=None)

@@ -44,7 +44,7 @@ from typing import Generic, TypeVar, cast
 import pydantic
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
 
-from .patch import apply_ops, is_patch, patch_ops
+from .patch import apply_ops, is_patch, patch_ops, restamp
 
 MessageAdapter: pydantic.TypeAdapter[ModelMessage] = pydantic.TypeAdapter(
     ModelMessage, config=pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64')
@@ -71,6 +71,29 @@ def message_to_json(message: ModelMessage) -> str:
     return MessageAdapter.dump_json(message).decode()
 
 
+_WITHOUT_PARTS = {0: {'parts'}}
+_PARTS_FIRST = '{"parts":'
+
+
+def request_tail(request: ModelRequest) -> str | None:
+    """What `message_to_json(request)` spells after its `parts` member: `,"timestamp":...}`.
+
+    pydantic-ai stamps a request's own fields after a boundary saved it; its parts stay as they
+    were, and they are what costs to serialize (tool results), so a stamped version serializes
+    only the other fields. `None` if it has none.
+    """
+    text = _REQUESTS.dump_json([request], exclude=_WITHOUT_PARTS)[1:-1].decode()
+    return ',' + text[1:] if len(text) > 2 else None
+
+
+def part_values(message: ModelMessage) -> list[object]:
+    """References to everything the framework reassigns on a message's parts."""
+    values: list[object] = []
+    for part in message.parts:
+        values += vars(part).values()
+    return values
+
+
 def messages_from_json(texts: Iterable[str]) -> list[ModelMessage]:
     """Rebuild a history from per-message JSON texts without re-encoding them one by one."""
     return ModelMessagesTypeAdapter.validate_json('[' + ','.join(texts) + ']')
@@ -86,10 +109,7 @@ def content_digest(text: str) -> bytes:
 
 def _shape(message: ModelMessage) -> list[object]:
     """References to everything the framework reassigns on a message or its parts."""
-    values: list[object] = list(vars(message).values())
-    for part in message.parts:
-        values += vars(part).values()
-    return values
+    return [*vars(message).values(), *part_values(message)]
 
 
 def _same(left: list[object], right: list[object]) -> bool:
@@ -117,6 +137,17 @@ class PatchBase:
 
     index: int
     text: str
+    parts: list[object] | None = None
+    """`part_values` of the request `text` was serialized from: a version with the same parts
+    spells them as `text` does (see `request_tail`)."""
+
+    def restamped(self, request: ModelRequest) -> tuple[str, str] | None:
+        """`request`'s JSON and a patch of this text spelling it, when the two differ only after the
+        parts; `None` otherwise (the caller serializes the whole request)."""
+        if self.parts is None or not self.text.startswith(_PARTS_FIRST) or not _same(self.parts, part_values(request)):
+            return None
+        tail = request_tail(request)
+        return restamp(self.index, self.text, tail) if tail is not None else None
 
 
 @dataclass

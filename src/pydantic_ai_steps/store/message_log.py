@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from pydantic_ai.messages import BinaryContent, ModelMessage
+from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest
 
 from .._errors import RecordTooLargeError
 from .._json import compact_json
@@ -37,6 +37,7 @@ from .history import (
     content_digest,
     message_to_json,
     messages_from_json,
+    part_values,
 )
 from .patch import is_patch, make_patch
 
@@ -68,6 +69,8 @@ class PreparedSnapshot:
     _weights: dict[int, int]
     _full: dict[int, int] = field(default_factory=dict[int, int])
     """Position -> offset in `appends` of the full texts written for the last `TAIL` positions."""
+    _parts: dict[int, list[object]] = field(default_factory=dict[int, list[object]])
+    """Position -> `part_values` of those full texts that are a request's own JSON (see `PatchBase.parts`)."""
 
 
 class MessageLog:
@@ -93,10 +96,14 @@ class MessageLog:
         digests: dict[int, bytes] = {}
         weights: dict[int, int] = {}
         full: dict[int, int] = {}
+        parts: dict[int, list[object]] = {}
         tail = len(delta.messages) - TAIL
         for position in delta.candidates:
             message, placeholders, offloaded = await self._offload_binaries(delta.messages[position])
-            text = message_to_json(message)
+            base = delta.base_at(position)
+            restamped = base.restamped(message) if base is not None and type(message) is ModelRequest else None
+            text = restamped[0] if restamped is not None else message_to_json(message)
+            spelled = part_values(message) if position >= tail and type(message) is ModelRequest else None
             digest = content_digest(text)
             digests[position] = digest
             weights[position] = len(text) + offloaded
@@ -105,15 +112,20 @@ class MessageLog:
             stored = await self._externalize(text, placeholders)
             if self.max_text_bytes is not None and _utf8_length(stored) > self.max_text_bytes:
                 stored = await self._fit(snapshot, position, text, stored, placeholders)
-            patch = _patch(delta.base_at(position), stored)
+            if restamped is not None and stored is text:
+                patch = restamped[1] if _worth(restamped[1], text) else None
+            else:
+                patch = _patch(base, stored)
             if patch is not None:
                 appends.append((position, patch))
                 continue
             if position >= tail:
                 full[position] = len(appends)
+                if stored is text and spelled is not None:
+                    parts[position] = spelled
             appends.append((position, stored))
         known = delta.previous.log_size if delta.previous is not None else None
-        return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests, weights, full)
+        return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests, weights, full, parts)
 
     def committed(self, prepared: PreparedSnapshot, log_size: int, verbatim: Collection[int] | None = None) -> None:
         """The backend wrote `prepared`; the run's log now holds `log_size` entries.
@@ -125,7 +137,7 @@ class MessageLog:
         """
         first = log_size - len(prepared.appends)
         bases = {
-            position: PatchBase(first + offset, prepared.appends[offset][1])
+            position: PatchBase(first + offset, prepared.appends[offset][1], prepared._parts.get(position))  # pyright: ignore[reportPrivateUsage]
             for position, offset in prepared._full.items()  # pyright: ignore[reportPrivateUsage]
             if verbatim is None or offset in verbatim
         }
@@ -322,4 +334,8 @@ def _patch(base: PatchBase | None, text: str) -> str | None:
     if base is None or len(text) < 64:
         return None
     patch = make_patch(base.index, base.text, text)
-    return patch if patch is not None and len(patch) * PATCH_RATIO <= len(text) else None
+    return patch if patch is not None and _worth(patch, text) else None
+
+
+def _worth(patch: str, text: str) -> bool:
+    return len(patch) * PATCH_RATIO <= len(text)

@@ -49,6 +49,33 @@ def make_patch(base_index: int, base: str, text: str) -> str | None:
         new = _members(text)
     except (ValueError, RecursionError):
         return None
+    return _spelled(base_index, old, new)
+
+
+def restamp(base_index: int, base: str, tail: str) -> tuple[str, str] | None:
+    """`base` with every member after its first replaced by `tail`, and that text as a patch of `base`.
+
+    `tail` is `,"key":value,...}`: what a message re-stamped in its later fields serializes to
+    after its unchanged first member (a request's `parts`), which is then not serialized again.
+    The tail's members are spelled out in the patch as they are (a few short fields). `None`
+    unless both are compact JSON.
+    """
+    if is_patch(base) or not base.startswith('{"') or not tail.startswith(','):
+        return None
+    try:
+        colon = _scan(base, 1)[1]
+        split = _scan(base, colon + 1)[1] if base.startswith(':', colon) else -1
+        members = _members('{' + tail[1:])
+    except (ValueError, RecursionError, StopIteration):
+        return None
+    if not base.startswith((',', '}'), split):
+        return None
+    ops = [str(base_index), '0', *('{' + raw + '}' for _, raw, _ in members)]
+    return base[:split] + tail, PATCH_PREFIX + ','.join(ops) + ']}'
+
+
+def _spelled(base_index: int, old: list[tuple[str, str, int]], new: list[tuple[str, str, int]]) -> str:
+    """The patch rebuilding the members `new` from the members `old` of the base at `base_index`."""
     by_key: dict[str, int] = {}
     for index, (key, _, _) in enumerate(old):
         by_key.setdefault(key, index)
