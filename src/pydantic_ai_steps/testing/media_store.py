@@ -182,6 +182,35 @@ class MediaStoreConformance:
         assert dict(await media_store.get_metadata(uri, context=context)) == {}
 
     @pytest.mark.anyio
+    @pytest.mark.parametrize(
+        'context',
+        [
+            MediaContext(media_type='text/pl\x00ain'),
+            MediaContext(metadata={'note': 'a\x00b'}),
+            MediaContext(metadata={'a\x00b': 'note'}),
+        ],
+        ids=['media-type', 'metadata-value', 'metadata-key'],
+    )
+    async def test_a_nul_character_is_stored_or_refused_with_a_value_error(
+        self, media_store: MediaStore, context: MediaContext
+    ) -> None:
+        """Some stores cannot hold U+0000 (PostgreSQL text, HTTP headers): they say so, before writing."""
+        data = b'payload with a NUL in its context'
+        refusal: ValueError | None = None
+        try:
+            uri = await media_store.put(data, context=context)
+        except ValueError as error:
+            refusal = error
+            uri = None
+        if uri is None:
+            assert '\\x00' in str(refusal)  # the message names the value (its repr)
+            assert not await media_store.exists(media_uri_for(data))
+        else:
+            assert await media_store.get(uri) == data
+            assert dict(await media_store.get_metadata(uri, context=context)) == dict(context.metadata)
+        assert await media_store.get(await media_store.put(b'the store carries on')) == b'the store carries on'
+
+    @pytest.mark.anyio
     async def test_metadata_on_repeated_put_follows_the_declared_rule(self, media_store: MediaStore) -> None:
         rule = self.metadata_on_repeat_put
         if rule is None:

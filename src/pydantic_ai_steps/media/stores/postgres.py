@@ -106,6 +106,11 @@ class PostgresMediaStore:
     # -- the MediaStore protocol --------------------------------------------------------------------
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        if context.media_type is not None and '\x00' in context.media_type:
+            # Metadata is stored as JSON text, which escapes it; the media type column holds it raw.
+            raise ValueError(
+                f'media_type {context.media_type!r} holds a NUL character (U+0000), which PostgreSQL text cannot store'
+            )
         data = bytes(data)
         if len(data) >= _HASH_IN_THREAD:
             digest = await anyio.to_thread.run_sync(lambda: hashlib.sha256(data).hexdigest())
