@@ -65,16 +65,12 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
-from types import TracebackType
-from typing import Self, TypeVar
 
 import anyio.to_thread
 
-from ..._errors import check_bool
-from ..._sqlite import BackgroundCheckpointer, open_database, require_cross_thread_use, write_transaction
+from ..._sqlite import write_transaction
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
@@ -88,22 +84,19 @@ from .._protocol import (
 )
 from .._uri import parse_media_uri, uri_for_digest
 from ._sha256 import Sha256Feed, Sha256Thread
+from ._sqlite_connection import COLUMNS, SqliteMediaConnection
 
 __all__ = ['SqliteMediaStore']
 
-_TABLE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
-_MEMORY = ':memory:'
 _SAVEPOINT = 'pydantic_ai_steps_media_put'
 _CHUNKS_SAVEPOINT = 'pydantic_ai_steps_media_chunks'
 _DELETE_SAVEPOINT = 'pydantic_ai_steps_media_delete'
 _DIGEST = re.compile(r'[0-9a-f]{64}')
 _LIST_BATCH = 1000
-_COLUMNS = frozenset({'sha256', 'media_type', 'bytes', 'size_bytes', 'metadata', 'blob_id', 'stored_at'})
 """`list_blobs` reads this many rows per turn of the lock."""
-_R = TypeVar('_R')
 
 
-class SqliteMediaStore:
+class SqliteMediaStore(SqliteMediaConnection):
     """A `MediaStore` keeping blobs in a SQLite table keyed by SHA-256, large ones in chunk rows.
 
     Give exactly one of `database=` (a path; the store owns the connection) or `connection=` (a
@@ -122,10 +115,6 @@ class SqliteMediaStore:
     """Payloads larger than this are stored as rows of this size in `<table>_chunks`, written while a
     helper thread hashes them (see the module docs)."""
 
-    deferred_checkpoint_bytes: int = 4 << 20
-    """Payloads at least this large, committed on the store's own file connection, leave the WAL
-    checkpoint to a background thread (see the module docs)."""
-
     def __init__(
         self,
         *,
@@ -136,26 +125,8 @@ class SqliteMediaStore:
         durable: bool = False,
         lock: threading.Lock | None = None,
     ) -> None:
-        check_bool(durable, 'durable')
-        if (database is None) == (connection is None):
-            raise ValueError(
-                'provide exactly one of database= (a path the store opens itself) or connection= '
-                f'(an open sqlite3.Connection); got database={database!r}, connection={connection!r}'
-            )
-        if not isinstance(table, str) or not _TABLE_NAME.fullmatch(table):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f'invalid table name: {table!r}; expected [A-Za-z_][A-Za-z0-9_]*')
-        if connection is not None:
-            require_cross_thread_use(connection, 'SqliteMediaStore')
-        self._database = None if database is None else os.fspath(database)
-        self._connection = connection
-        self._owns_connection = connection is None
-        self._table = table
-        self.durable = durable
-        self._chunks = f'{table}_chunks'
+        super().__init__(database=database, connection=connection, table=table, durable=durable, lock=lock)
         self._public_url = public_url
-        self._lock = lock if lock is not None else threading.Lock()
-        self._schema_ready = False
-        self._checkpointer = BackgroundCheckpointer.for_database(self._database, 'pydantic-ai-steps-media-checkpoint')
 
     def __repr__(self) -> str:
         where = f'database={self._database!r}' if self._database is not None else 'connection=<caller-owned>'
@@ -201,31 +172,6 @@ class SqliteMediaStore:
         cutoff = check_stored_before(stored_before)
         before = None if cutoff is None else cutoff.timestamp()
         return await self._read(lambda conn, columns: self._delete_sync(conn, digest, before, columns))
-
-    def close(self) -> None:
-        """Close the connection this store opened (a caller's `connection=` is left alone).
-
-        Waits for a background checkpoint that a large put started.
-        """
-        with self._lock:
-            if self._owns_connection and self._connection is not None:
-                self._connection.close()
-                self._connection = None
-                self._schema_ready = False
-        if self._checkpointer is not None:
-            self._checkpointer.wait()
-
-    async def aclose(self) -> None:
-        """`close()` on a worker thread, so the event loop never waits on the lock. Closing twice is a no-op."""
-        await anyio.to_thread.run_sync(self.close)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     # -- blocking bodies, run on a worker thread under the lock -------------------------------------
 
@@ -273,7 +219,7 @@ class SqliteMediaStore:
                 )
                 digest = hashing.hexdigest()
                 # The chunks took the write lock: nothing can delete or add this row until the commit.
-                if self._exists_sync(conn, digest, _COLUMNS):
+                if self._exists_sync(conn, digest, COLUMNS):
                     conn.execute(f'ROLLBACK TO {_CHUNKS_SAVEPOINT}')
                     conn.execute(f'RELEASE {_CHUNKS_SAVEPOINT}')
                     self._refresh_sync(conn, digest, time.time())
@@ -296,29 +242,6 @@ class SqliteMediaStore:
         finally:
             hashing.join()
         return hashing.hexdigest()
-
-    @contextmanager
-    def _checkpoint_deferred(self, conn: sqlite3.Connection, size: int) -> Generator[None]:
-        """No automatic checkpoint inside a large commit on the store's own file connection.
-
-        The background checkpointer runs it afterwards instead (see the module docs).
-        """
-        checkpointer = self._checkpointer
-        if (
-            checkpointer is None
-            or conn.in_transaction
-            or not self._owns_connection
-            or size < self.deferred_checkpoint_bytes
-        ):
-            yield
-            return
-        (pages,) = conn.execute('PRAGMA wal_autocheckpoint').fetchone()
-        conn.execute('PRAGMA wal_autocheckpoint=0')
-        try:
-            yield
-        finally:
-            conn.execute(f'PRAGMA wal_autocheckpoint={int(pages)}')
-        checkpointer.request()
 
     def _get_verified(self, digest: str, uri: str) -> bytes:
         """Read the blob under the lock, then check it against `digest` once the lock is released."""
@@ -426,68 +349,6 @@ class SqliteMediaStore:
             return decode_metadata(raw)
         except ValueError as exc:
             raise ValueError(f'unreadable metadata for {uri} in table {self._table!r}: {exc}') from exc
-
-    # -- plumbing ---------------------------------------------------------------------------------
-
-    async def _run(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
-        return await anyio.to_thread.run_sync(self._locked, body)
-
-    def _locked(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
-        with self._lock:
-            return body(self._conn())
-
-    async def _read(self, body: Callable[[sqlite3.Connection, frozenset[str]], _R]) -> _R:
-        """Run `body` with the table's columns (none: no table yet); a read never creates or migrates it."""
-        return await anyio.to_thread.run_sync(self._read_locked, body)
-
-    def _read_locked(self, body: Callable[[sqlite3.Connection, frozenset[str]], _R]) -> _R:
-        with self._lock:
-            conn = self._open()
-            return body(conn, self._columns(conn))
-
-    def _columns(self, conn: sqlite3.Connection) -> frozenset[str]:
-        if self._schema_ready:
-            return _COLUMNS
-        return frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")'))
-
-    def _open(self) -> sqlite3.Connection:
-        """The connection, opened on first use (on this worker thread); call under the lock."""
-        conn = self._connection
-        if conn is None:
-            assert self._database is not None
-            conn = open_database(self._database, durable=self.durable, timeout=30)
-            self._connection = conn
-        return conn
-
-    def _conn(self) -> sqlite3.Connection:
-        """The connection for a write, its schema created or migrated on first use; call under the lock."""
-        conn = self._open()
-        if not self._schema_ready:
-            if self.durable and not self._owns_connection and not conn.in_transaction:
-                conn.execute('PRAGMA synchronous=FULL')
-            self._ensure_schema(conn)
-        return conn
-
-    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
-        # Never commits: inside a caller's transaction the table lands only if the caller commits,
-        # so it is marked ready only when no transaction was open, and re-checked otherwise.
-        in_transaction = conn.in_transaction
-        conn.execute(
-            f'CREATE TABLE IF NOT EXISTS "{self._table}" ('
-            'sha256 TEXT PRIMARY KEY, media_type TEXT, bytes BLOB NOT NULL, '
-            'size_bytes INTEGER NOT NULL, metadata TEXT, blob_id INTEGER, stored_at REAL)'
-        )
-        columns = {row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")')}
-        migrations = (('media_type', 'TEXT'), ('metadata', 'TEXT'), ('blob_id', 'INTEGER'), ('stored_at', 'REAL'))
-        for column, declaration in migrations:
-            if column not in columns:
-                conn.execute(f'ALTER TABLE "{self._table}" ADD COLUMN {column} {declaration}')
-        conn.execute(
-            f'CREATE TABLE IF NOT EXISTS "{self._chunks}" (blob_id INTEGER NOT NULL, idx INTEGER NOT NULL, '
-            'data BLOB NOT NULL, PRIMARY KEY (blob_id, idx))'
-        )
-        if not in_transaction:
-            self._schema_ready = True
 
 
 def _column(columns: frozenset[str], name: str) -> str:
