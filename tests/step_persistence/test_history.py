@@ -254,7 +254,10 @@ def test_a_restamped_text_keeps_the_first_member_and_takes_the_new_tail() -> Non
     text, patch = result
     head = '{"parts":[{"a":"],\\"timestamp\\":1","b":{"c":[1]}}]'
     assert text == head + ',"timestamp":"now","meta":null,"state":"complete"}'
-    assert patch == PATCH_PREFIX + '4,0,{"timestamp":"now"},{"meta":null},{"state":"complete"}]}'
+    assert patch == PATCH_PREFIX + '4,0,{"timestamp":"now"},{"meta":null},{"state":"complete"}]}'  # other keys
+    restamped = restamp(4, base, ',"timestamp":"now","kind":"request","meta":{"b":[1]}}')
+    assert restamped is not None and restamped[1] == PATCH_PREFIX + '4,0,{"timestamp":"now"},2,3]}'
+    assert apply_patch(restamped[1], base) == restamped[0]
     assert apply_patch(patch, base) == text
 
 

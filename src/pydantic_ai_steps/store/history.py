@@ -137,7 +137,7 @@ class PatchBase:
 
     index: int
     text: str
-    parts: list[object] | None = None
+    parts: list[object] | None = field(default=None, compare=False)
     """`part_values` of the request `text` was serialized from: a version with the same parts
     spells them as `text` does (see `request_tail`)."""
 

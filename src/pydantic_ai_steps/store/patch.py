@@ -57,21 +57,25 @@ def restamp(base_index: int, base: str, tail: str) -> tuple[str, str] | None:
 
     `tail` is `,"key":value,...}`: what a message re-stamped in its later fields serializes to
     after its unchanged first member (a request's `parts`), which is then not serialized again.
-    The tail's members are spelled out in the patch as they are (a few short fields). `None`
-    unless both are compact JSON.
+    Only the first member's value is scanned (to find where it ends), never split. `None` unless
+    both are compact JSON.
     """
     if is_patch(base) or not base.startswith('{"') or not tail.startswith(','):
         return None
     try:
         colon = _scan(base, 1)[1]
         split = _scan(base, colon + 1)[1] if base.startswith(':', colon) else -1
-        members = _members('{' + tail[1:])
+        if not base.startswith((',', '}'), split):
+            return None
+        old = _members('{' + base[split + 1 :]) if base.startswith(',', split) else []
+        new = _members('{' + tail[1:])
     except (ValueError, RecursionError, StopIteration):
         return None
-    if not base.startswith((',', '}'), split):
-        return None
-    ops = [str(base_index), '0', *('{' + raw + '}' for _, raw, _ in members)]
-    return base[:split] + tail, PATCH_PREFIX + ','.join(ops) + ']}'
+    if [key for key, _, _ in old] == [key for key, _, _ in new]:  # the usual case: copy what is the same
+        ops = [str(index) if raw == old[index - 1][1] else '{' + raw + '}' for index, (_, raw, _) in enumerate(new, 1)]
+    else:
+        ops = ['{' + raw + '}' for _, raw, _ in new]
+    return base[:split] + tail, PATCH_PREFIX + ','.join([str(base_index), '0', *ops]) + ']}'
 
 
 def _spelled(base_index: int, old: list[tuple[str, str, int]], new: list[tuple[str, str, int]]) -> str:
