@@ -44,7 +44,7 @@ def without_refresh(store: Store) -> Generator[None]:
         finally:
             disk._refresh = refresh  # pyright: ignore[reportPrivateUsage]
         return
-    store._refresh_sync = lambda conn, digest, now: store._exists_sync(conn, digest, sqlite_media._COLUMNS)  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+    store._refresh_sync = lambda conn, digest, now: store._exists_sync(conn, digest, sqlite_media.COLUMNS)  # pyright: ignore[reportPrivateUsage]
     try:
         yield
     finally:
@@ -70,7 +70,7 @@ def step_us(store: Store, uri: str, calls: int, refresh: bool) -> float:
         if refresh:
             step = lambda: store._refresh_sync(conn, digest, time.time())  # pyright: ignore[reportPrivateUsage]  # noqa: E731
         else:
-            step = lambda: store._exists_sync(conn, digest, sqlite_media._COLUMNS)  # pyright: ignore[reportPrivateUsage]  # noqa: E731
+            step = lambda: store._exists_sync(conn, digest, sqlite_media.COLUMNS)  # pyright: ignore[reportPrivateUsage]  # noqa: E731
     start = time.perf_counter()
     for _ in range(calls):
         step()
