@@ -265,6 +265,7 @@ def test_a_restamped_text_keeps_the_first_member_and_takes_the_new_tail() -> Non
     ('base', 'tail'),
     [
         ('{"parts": [],"timestamp":1}', ',"timestamp":3}'),  # not compact
+        ('{"parts" :[],"timestamp":1}', ',"timestamp":3}'),
         ('{"parts":[] ,"timestamp":1}', ',"timestamp":3}'),
         ('{"parts":[],"timestamp":1}', ',"timestamp": 3}'),
         ('{"parts":[],"timestamp":1}', '}'),  # no members after the first

@@ -28,7 +28,9 @@ version spelled as references into an earlier full text of the same position (`s
 has the format). Writers keep the last full text of the newest positions in memory
 (`PatchBase`, `TAIL` positions per run), so patching never reads the store; readers resolve a
 patch against its base entry, which lies below it in the same log and position, so every reader
-that loads a snapshot's entries loads the base too.
+that loads a snapshot's entries loads the base too. A stamped request whose parts are those its
+base was serialized from is not serialized again: its text is the base's `parts` member and its
+own other fields (`PatchBase.restamped`), the tool results being what costs to serialize.
 """
 
 from __future__ import annotations

@@ -49,37 +49,6 @@ def make_patch(base_index: int, base: str, text: str) -> str | None:
         new = _members(text)
     except (ValueError, RecursionError):
         return None
-    return _spelled(base_index, old, new)
-
-
-def restamp(base_index: int, base: str, tail: str) -> tuple[str, str] | None:
-    """`base` with every member after its first replaced by `tail`, and that text as a patch of `base`.
-
-    `tail` is `,"key":value,...}`: what a message re-stamped in its later fields serializes to
-    after its unchanged first member (a request's `parts`), which is then not serialized again.
-    Only the first member's value is scanned (to find where it ends), never split. `None` unless
-    both are compact JSON.
-    """
-    if is_patch(base) or not base.startswith('{"') or not tail.startswith(','):
-        return None
-    try:
-        colon = _scan(base, 1)[1]
-        split = _scan(base, colon + 1)[1] if base.startswith(':', colon) else -1
-        if not base.startswith((',', '}'), split):
-            return None
-        old = _members('{' + base[split + 1 :]) if base.startswith(',', split) else []
-        new = _members('{' + tail[1:])
-    except (ValueError, RecursionError, StopIteration):
-        return None
-    if [key for key, _, _ in old] == [key for key, _, _ in new]:  # the usual case: copy what is the same
-        ops = [str(index) if raw == old[index - 1][1] else '{' + raw + '}' for index, (_, raw, _) in enumerate(new, 1)]
-    else:
-        ops = ['{' + raw + '}' for _, raw, _ in new]
-    return base[:split] + tail, PATCH_PREFIX + ','.join([str(base_index), '0', *ops]) + ']}'
-
-
-def _spelled(base_index: int, old: list[tuple[str, str, int]], new: list[tuple[str, str, int]]) -> str:
-    """The patch rebuilding the members `new` from the members `old` of the base at `base_index`."""
     by_key: dict[str, int] = {}
     for index, (key, _, _) in enumerate(old):
         by_key.setdefault(key, index)
@@ -100,6 +69,34 @@ def _spelled(base_index: int, old: list[tuple[str, str, int]], new: list[tuple[s
                 op = spliced
         ops.append(op)
     return PATCH_PREFIX + ','.join(ops) + ']}'
+
+
+def restamp(base_index: int, base: str, tail: str) -> tuple[str, str] | None:
+    """`base` with every member after its first replaced by `tail`, and that text as a patch of `base`.
+
+    `tail` is `,"key":value,...}`: what a message re-stamped in its later fields serializes to
+    after its unchanged first member (a request's `parts`), which is then not serialized again.
+    Only the first member's value is scanned (to find where it ends), never split. `None` unless
+    both are compact JSON.
+    """
+    if is_patch(base) or not base.startswith('{"') or not tail.startswith(','):
+        return None
+    try:
+        colon = _scan(base, 1)[1]
+        if not base.startswith(':', colon):
+            return None
+        split = _scan(base, colon + 1)[1]
+        if not base.startswith((',', '}'), split):
+            return None
+        old = _members('{' + base[split + 1 :]) if base.startswith(',', split) else []
+        new = _members('{' + tail[1:])
+    except (ValueError, RecursionError, StopIteration):
+        return None
+    if [key for key, _, _ in old] == [key for key, _, _ in new]:  # the usual case: copy what is the same
+        ops = [str(index) if raw == old[index - 1][1] else '{' + raw + '}' for index, (_, raw, _) in enumerate(new, 1)]
+    else:
+        ops = ['{' + raw + '}' for _, raw, _ in new]
+    return base[:split] + tail, PATCH_PREFIX + ','.join([str(base_index), '0', *ops]) + ']}'
 
 
 def apply_patch(patch: str, base: str) -> str:
