@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from datetime import timedelta
-from types import TracebackType
-from typing import Literal, Self, cast
+from typing import Literal, cast
 
+from .._closing import AsyncClosing
 from .._errors import (
     EffectAlreadyResolvedError,
     check_bool,
@@ -52,7 +52,7 @@ MediaChoice = MediaStore | Literal['auto'] | None
 """A store's `media_store=` argument: a media store, `'auto'` (the backend's default), or `None` (inline)."""
 
 
-class StepStoreBase(Reads, Maintenance):
+class StepStoreBase(Reads, Maintenance, AsyncClosing):
     """A `StepStore` (and `RecordBatchStore`) over any `Backend`.
 
     ```python
@@ -112,14 +112,6 @@ class StepStoreBase(Reads, Maintenance):
             close = getattr(self.media_store, 'aclose', None)
             if close is not None:
                 await close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     # --- writes -----------------------------------------------------------------------------
 

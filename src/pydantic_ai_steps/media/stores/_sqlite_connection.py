@@ -11,11 +11,11 @@ import sqlite3
 import threading
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Self, TypeVar
+from typing import TypeVar
 
 import anyio.to_thread
 
+from ..._closing import AsyncClosing
 from ..._errors import check_bool
 from ..._sqlite import BackgroundCheckpointer, open_database, require_cross_thread_use
 
@@ -25,7 +25,7 @@ COLUMNS = frozenset({'sha256', 'media_type', 'bytes', 'size_bytes', 'metadata', 
 _R = TypeVar('_R')
 
 
-class SqliteMediaConnection:
+class SqliteMediaConnection(AsyncClosing):
     """The connection of a `SqliteMediaStore`; `_run` (writes) and `_read` are how its statements reach it."""
 
     deferred_checkpoint_bytes: int = 4 << 20
@@ -77,14 +77,6 @@ class SqliteMediaConnection:
     async def aclose(self) -> None:
         """`close()` on a worker thread, so the event loop never waits on the lock. Closing twice is a no-op."""
         await anyio.to_thread.run_sync(self.close)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     @contextmanager
     def _checkpoint_deferred(self, conn: sqlite3.Connection, size: int) -> Generator[None]:

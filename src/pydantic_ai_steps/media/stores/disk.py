@@ -42,11 +42,10 @@ import uuid
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import anyio.to_thread
 
+from ..._closing import AsyncClosing
 from ..._errors import check_bool
 from ..._files import UnsafeEntryError, check_directory, fsync_dir
 from ...store.maintenance import BlobInfo
@@ -80,7 +79,7 @@ _LIST_BATCH = 512
 """`list_blobs` walks the directory on a worker thread and hands blobs over this many at a time."""
 
 
-class DiskMediaStore:
+class DiskMediaStore(AsyncClosing):
     """A `MediaStore` keeping each blob in its own file under `directory`.
 
     `key_strategy` maps a URI (and the operation's `MediaContext`) to a path relative to
@@ -138,14 +137,6 @@ class DiskMediaStore:
 
     async def aclose(self) -> None:
         """Nothing to release (every call opens and closes its own files); here so every store closes alike."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
         return await anyio.to_thread.run_sync(self._put_sync, data, context)

@@ -32,14 +32,14 @@ import hashlib
 import re
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
-from typing import Any, Self, TypeGuard
+from typing import Any, TypeGuard
 
 import anyio.to_thread
 from bson import Binary, ObjectId
 from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.collection import AsyncCollection
 
+from ..._closing import AsyncClosing
 from ..._errors import RecordTooLargeError
 from ..._mongo import (
     MAX_DOCUMENT_BYTES,
@@ -75,7 +75,7 @@ _HASH_INLINE_BYTES = 1 << 20
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class MongoMediaStore:
+class MongoMediaStore(AsyncClosing):
     """A `MediaStore` keeping each blob as a manifest and chunks in MongoDB (see the module docs).
 
     ```python
@@ -307,14 +307,6 @@ class MongoMediaStore:
         """Close the client this store opened (`db_url=`); a caller's or a step store's is left open."""
         if not self._borrowed:
             await self._handle.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 def _chunk_filter(digest: str, manifest: Mapping[str, Any], count: int | None) -> Document:

@@ -30,11 +30,11 @@ import hashlib
 import re
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
-from types import TracebackType
-from typing import Self, cast
+from typing import cast
 
 import anyio.to_thread
 
+from ..._closing import AsyncClosing
 from ...store.backends.postgres._pool import DEFAULT_ACQUIRE_TIMEOUT, Connections, PostgresConnection
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
@@ -56,7 +56,7 @@ _HASH_IN_THREAD = 1 << 20
 _LIST_PAGE = 1000
 
 
-class PostgresMediaStore:
+class PostgresMediaStore(AsyncClosing):
     """A `MediaStore` in PostgreSQL. Give exactly one of `pool` (yours; never closed) or `dsn=`."""
 
     chunk_bytes: int = 1 << 20
@@ -271,14 +271,6 @@ class PostgresMediaStore:
         """Close the pool this store opened from `dsn=` (a caller's pool is left alone). Idempotent."""
         if self._owns:
             await self._connections.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     # -- schema -------------------------------------------------------------------------------------
 

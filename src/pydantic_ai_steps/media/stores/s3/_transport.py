@@ -14,12 +14,12 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from types import TracebackType
-from typing import Final, Self
+from typing import Final
 
 import anyio
 import httpx
 
+from ...._closing import AsyncClosing
 from ... import _sigv4
 from ._credentials import Secret, without_credentials
 from ._errors import (
@@ -85,7 +85,7 @@ class Answer:
         return 200 <= self.status_code < 300
 
 
-class S3Transport:
+class S3Transport(AsyncClosing):
     """Sends the store's requests: signed, with timeouts, retried while a retry may succeed.
 
     Mixed into `S3MediaStore`, whose constructor sets these attributes.
@@ -115,17 +115,6 @@ class S3Transport:
         client, self._owned_client = self._owned_client, None
         if client is not None:
             await client.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def _client(self) -> httpx.AsyncClient:
         if self._given_client is not None:
