@@ -10,12 +10,8 @@ confined to that line, and readers are handed it as `Damaged`.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import shutil
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -45,17 +41,16 @@ from ._formats import log_line, peek_state, snapshot_body, snapshot_seqs
 from ._index import RunIndex
 from ._io import (
     append_locked,
-    json_object,
     line,
     logger,
     make_dir,
-    read_lines,
     replace_file,
     write_exclusive,
 )
-from ._paths import INDEX_DIR, TRASH_DIR, run_dir_name
+from ._paths import run_dir_name
 from ._reads import FileReads, texts_in_folder
-from ._state import LOG_PREFIX, REMOVED_PREFIX, RunPaths, RunState
+from ._removal import remove_run_folders, remove_snapshot_files, rewrite_log_without
+from ._state import RunPaths, RunState
 
 _R = TypeVar('_R')
 _MAX_CACHED_RUNS = 256
@@ -273,83 +268,21 @@ class FileBackend:
         state.ledger_loaded = True
 
     async def delete_snapshots(self, run_id: str, seqs: Sequence[int]) -> None:
-        def delete(state: RunState, doomed: Sequence[int]) -> None:
-            for seq in doomed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(state.paths.snapshots / f'{seq}.json')
-                state.live.pop(seq, None)
-
-        await self._guarded(run_id, delete, seqs)
+        await self._guarded(run_id, remove_snapshot_files, seqs)
 
     async def delete_runs(self, run_ids: Sequence[str]) -> list[str]:
-        return await run_blocking(self._delete_runs, list(run_ids))
+        def delete(doomed: list[str]) -> list[str]:
+            removed = remove_run_folders(self._root, doomed, durable=self.durable, forget=self._drop_state)
+            self._index.deleted(removed)
+            return removed
 
-    def _delete_runs(self, run_ids: list[str]) -> list[str]:
-        """Move each run's folder out of the store in one rename, then remove it."""
-        trash: Path | None = None
-        removed: list[str] = []
-        for run_id in run_ids:
-            run_dir = self._root / run_dir_name(run_id)
-            try:
-                if not check_directory(run_dir, 'run folder'):
-                    continue
-            except UnsafeEntryError:
-                logger.warning('not deleting %s: it is not a folder this store made', run_dir)
-                continue
-            if trash is None:  # checked before the first rename: an unsafe trash stops the call, nothing moved
-                trash = self._trash()
-            target = trash / uuid.uuid4().hex
-            try:
-                os.rename(run_dir, target)
-            except FileNotFoundError:
-                continue
-            removed.append(run_id)
-            self._drop_state(run_id)
-            shutil.rmtree(target, ignore_errors=True)
-        self._index.deleted(removed)
-        if self.durable and removed:
-            fsync_dir(self._root)
-        return removed
-
-    def _trash(self) -> Path:
-        """`_index/trash`, made if missing, both checked: a run folder is never moved through a link.
-
-        Anything in it is a deletion cut short (the process died in `rmtree`), removed now.
-        """
-        ensure_directory(self._root / INDEX_DIR, 'index folder')
-        trash = self._root / INDEX_DIR / TRASH_DIR
-        ensure_directory(trash, 'trash folder')
-        with os.scandir(trash) as entries:
-            leftovers = list(entries)
-        for entry in leftovers:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-        return trash
+        return await run_blocking(delete, list(run_ids))
 
     async def delete_log_entries(self, run_id: str, indices: Sequence[int]) -> None:
-        await self._guarded(run_id, self._rewrite_log, set(indices))
+        def rewrite(state: RunState, doomed: set[int]) -> None:
+            rewrite_log_without(state, doomed, durable=self.durable)
 
-    def _rewrite_log(self, state: RunState, doomed: set[int]) -> None:
-        """Rewrite the run's message log without `doomed`, recording them as removed (first line)."""
-        path = state.paths.messages
-        with append_locked(path):
-            kept: list[bytes] = []
-            removed = set(doomed)
-            for text in read_lines(path):
-                if text.startswith(REMOVED_PREFIX):
-                    with contextlib.suppress(ValueError):
-                        removed.update(int(index) for index in json_object(text)['removed'])
-                    continue
-                match = LOG_PREFIX.match(text)
-                if match is None or int(match.group(1)) not in doomed:
-                    kept.append(text + b'\n')
-            header = line({'removed': sorted(removed)})
-            replace_file(path, header + b''.join(kept), self.durable)
-        state.log_tail.reset()
-        state.next_log_index = 0
+        await self._guarded(run_id, rewrite, set(indices))
 
     async def reclaim_space(self) -> None:
         return None  # deleted folders and files give their space back at once
