@@ -42,8 +42,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from datetime import timedelta
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 from bson import ObjectId
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
@@ -83,10 +82,8 @@ from ._layout import (
     EVENTS,
     LOG,
     PRUNED,
-    RECORD_COLLECTIONS,
     RUNS,
     SNAPSHOTS,
-    UPSTREAM_KEYS,
     UPSTREAM_MESSAGES,
     check_readable,
     counter_id,
@@ -95,23 +92,11 @@ from ._layout import (
 )
 from ._legacy import counter_from_records, upstream_texts
 from ._plan import Claim, Needs, Plan, run_filter
+from ._removal import log_removal, runs_removal, snapshots_removal, undoing
 
 MAX_TEXT_BYTES = MAX_DOCUMENT_BYTES - 1024
 """The longest message text one log document holds: 16 MiB less room for the document's other
 fields (a run id is at most 200 characters, 800 bytes)."""
-TOMBSTONE_TTL = timedelta(days=1)
-"""How long a deleted run's counter stays a tombstone (a writer's claim and its guard are milliseconds apart)."""
-_CHUNK = 1000
-_STUB_DROPS = (
-    'step_index',
-    'conversation_id',
-    'parent_run_id',
-    'agent_name',
-    'timestamp',
-    'message_count',
-    'log_size',
-    'messages',
-)
 
 
 class MongoBackend:
@@ -269,19 +254,8 @@ class MongoBackend:
 
     async def _undo(self, applied: Sequence[Write]) -> None:
         """Remove what a batch wrote before it found its run deleted (see the module docs)."""
-        ids: dict[str, list[Any]] = {}
-        undo: list[Write] = []
-        for write in applied:
-            if write.role == 'register':  # this registration's document only, never a later one's
-                selector = {'_id': write.document['_id'], 'gen': write.document['gen']}
-                undo.append(Write(RUNS, 'delete_many', selector))
-            elif write.kind == 'insert':
-                ids.setdefault(write.collection, []).append(write.document['_id'])
-            elif write.role in ('effect', 'event') and write.update is not None:
-                ids.setdefault(write.collection, []).append(write.update['$setOnInsert']['_id'])
-        undo += [Write(name, 'delete_many', {'_id': {'$in': values}}) for name, values in ids.items()]
         with contextlib.suppress(PyMongoError, WriteFailed):  # what stays is what a crash here would leave
-            await self.writer.apply(undo)
+            await self.writer.apply(undoing(applied))
 
     async def resolve_effect(self, run_id: str, tool_call_id: str, resolution: Row, *, overwrite: bool) -> bool:
         await self._for_writing()
@@ -296,53 +270,18 @@ class MongoBackend:
         return found.matched_count == 1
 
     async def delete_snapshots(self, run_id: str, seqs: Sequence[int]) -> None:
-        writes: list[Write] = []
-        for start in range(0, len(seqs), _CHUNK):
-            chosen = {'run_id': run_id, 'seq': {'$in': list(seqs[start : start + _CHUNK])}}
-            keyed = {**chosen, 'idempotency_key': {'$type': 'string'}}
-            stub = {'$set': {'state': PRUNED}, '$unset': dict.fromkeys(_STUB_DROPS, '')}
-            writes.append(Write(SNAPSHOTS, 'update_many', keyed, stub))
-            writes.append(Write(SNAPSHOTS, 'delete_many', {**chosen, 'idempotency_key': {'$not': {'$type': 'string'}}}))
-        await self.writer.apply(writes)
+        await self.writer.apply(snapshots_removal(run_id, seqs))
 
     async def delete_runs(self, run_ids: Sequence[str]) -> list[str]:
         found = await self._collection(RUNS).find({'_id': {'$in': list(run_ids)}}, projection={'gen': 1}).to_list()
         gens = {document['_id']: document.get('gen') for document in found}
-        existing = [run_id for run_id in dict.fromkeys(run_ids) if run_id in gens]
-        if not existing:
-            return []
-        now = utc_now()
-        writes = [
-            Write(
-                COUNTERS,
-                'update',
-                {'_id': counter_id(run_id)},
-                {
-                    '$set': {
-                        'run_id': run_id,
-                        'deleted': True,
-                        'gen': ObjectId(),
-                        'deleted_gen': gens[run_id],
-                        'deleted_at': now,
-                    }
-                },
-                upsert=True,
-            )
-            for run_id in existing
-        ]
-        writes += [Write(name, 'delete_many', {'run_id': {'$in': existing}}) for name in RECORD_COLLECTIONS]
-        writes.append(Write(UPSTREAM_KEYS, 'delete_many', {'_id.run_id': {'$in': existing}}))
-        writes.append(Write(RUNS, 'delete_many', {'_id': {'$in': existing}}))
-        writes.append(Write(COUNTERS, 'delete_many', {'deleted': True, 'deleted_at': {'$lt': now - TOMBSTONE_TTL}}))
-        await self.writer.apply(writes)
-        return existing
+        existing = {run_id: gens[run_id] for run_id in run_ids if run_id in gens}
+        if existing:
+            await self.writer.apply(runs_removal(existing, utc_now()))
+        return list(existing)
 
     async def delete_log_entries(self, run_id: str, indices: Sequence[int]) -> None:
-        writes = [
-            Write(LOG, 'delete_many', {'run_id': run_id, 'log_index': {'$in': list(indices[start : start + _CHUNK])}})
-            for start in range(0, len(indices), _CHUNK)
-        ]
-        await self.writer.apply(writes)
+        await self.writer.apply(log_removal(run_id, indices))
 
     # --- reads ------------------------------------------------------------------------------
 
