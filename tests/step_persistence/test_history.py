@@ -37,7 +37,7 @@ from pydantic_ai_steps.store.history import (
 )
 from pydantic_ai_steps.store.message_log import MessageLog, PreparedSnapshot
 from pydantic_ai_steps.store.patch import PATCH_PREFIX, apply_patch, is_patch, make_patch, patch_base_index, restamp
-from pydantic_ai_steps.testing.step_store import message_strategy
+from pydantic_ai_steps.testing._strategies import message_strategy
 
 
 def history(length: int) -> list[ModelMessage]:
