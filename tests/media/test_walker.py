@@ -31,7 +31,7 @@ from pydantic_ai.messages import (
 
 from pydantic_ai_steps.media import MediaContext, externalize_media, media_uri_for, restore_media
 from pydantic_ai_steps.media._context import EMPTY_CONTEXT
-from pydantic_ai_steps.media._walker import (
+from pydantic_ai_steps.media._markers import (
     ESCAPED_KEYS_KEY,
     EXTERNAL_KEY,
     FORMAT_KEY,
@@ -39,11 +39,10 @@ from pydantic_ai_steps.media._walker import (
     TEXT_KEY,
     URI_KEY,
     URLSAFE_KEY,
-    ExternalizedDict,
-    ExternalizedList,
     has_markers,
     might_need_externalizing,
 )
+from pydantic_ai_steps.media._walker import ExternalizedDict, ExternalizedList
 
 pytestmark = pytest.mark.anyio
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -16,15 +16,14 @@ classes they came from so `restore_media` returns real message objects (with rea
 `BinaryContent`). Once such a value has been through `json.dumps`/`json.loads` it is ordinary
 JSON again; validate the restored tree with `ModelMessagesTypeAdapter` to get messages back.
 
-`might_need_externalizing` and `has_markers` answer from the serialized text whether walking a
-message can change it at all, so step stores skip the parse-and-walk for almost every message.
+The marker format (reserved keys, stamps, and the text fast paths that let step stores skip the
+walk) is `_markers`.
 """
 
 from __future__ import annotations
 
 import base64
 import functools
-import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -40,62 +39,28 @@ from pydantic_ai.messages import (
 )
 
 from ._context import MediaContext
+from ._markers import (
+    ESCAPED_KEYS_FAMILY,
+    ESCAPED_KEYS_FORMAT,
+    ESCAPED_KEYS_KEY,
+    EXTERNAL_KEY,
+    FORMAT_KEY,
+    LEGACY_URI_KEY,
+    LITERAL_FAMILY,
+    LITERAL_FORMAT,
+    LITERAL_KEY,
+    LITERAL_TRIGGER_KEYS,
+    MARKER_METADATA_KEYS,
+    TEXT_CONTENT_KINDS,
+    TEXT_KEY,
+    URI_KEY,
+    URLSAFE_FORMAT,
+    URLSAFE_KEY,
+)
 from ._protocol import MediaStore
 from ._uri import parse_media_uri
 
-__all__ = [
-    'ESCAPED_KEYS_FORMAT',
-    'ESCAPED_KEYS_KEY',
-    'EXTERNAL_KEY',
-    'FORMAT_KEY',
-    'LITERAL_FORMAT',
-    'LITERAL_KEY',
-    'MARKER_METADATA_KEYS',
-    'RESERVED_KEY_PREFIX',
-    'TEXT_KEY',
-    'URI_KEY',
-    'URLSAFE_FORMAT',
-    'URLSAFE_KEY',
-    'ExternalizedDict',
-    'ExternalizedList',
-    'externalize_media',
-    'has_markers',
-    'might_need_externalizing',
-    'restore_media',
-]
-
-# Reserved key names and stamp values. Byte-identical to pydantic-ai-harness 0.62 on purpose.
-EXTERNAL_KEY = '__harness_external_media__'
-TEXT_KEY = '__harness_external_text__'
-URI_KEY = '__harness_external_uri__'
-ESCAPED_KEYS_KEY = '__harness_external_escaped_keys__'
-FORMAT_KEY = '__harness_external_marker_format__'
-URLSAFE_KEY = '__harness_external_urlsafe__'
-LITERAL_KEY = '__harness_external_literal__'
-LEGACY_URI_KEY = 'uri'
-
-ESCAPED_KEYS_FORMAT = 'escaped-keys-v1'
-LITERAL_FORMAT = 'literal-v1'
-URLSAFE_FORMAT = 'base64-urlsafe-v1'
-_ESCAPED_KEYS_FAMILY = 'escaped-keys-v'
-_LITERAL_FAMILY = 'literal-v'
-
-MARKER_METADATA_KEYS = (EXTERNAL_KEY, TEXT_KEY, URI_KEY, ESCAPED_KEYS_KEY, FORMAT_KEY, URLSAFE_KEY)
-"""Keys a marker writes itself.
-
-A caller's node carrying any of them is never turned into a marker: the format's escape (a stash
-restored after the other keys) would reorder the node's keys, so such a node stays inline, its
-children walked, wrapped as a literal when it holds a trigger key. Markers written with the escape
-by other writers still restore."""
-_LITERAL_TRIGGER_KEYS = (EXTERNAL_KEY, LITERAL_KEY)
-_TEXT_CONTENT_KINDS = ('text-content', 'structured-content')
-
-RESERVED_KEY_PREFIX = '__harness_external_'
-"""Every reserved key name starts with this, which is what the text fast paths look for."""
-
-# A JSON string may spell a key with `\u00XX` escapes. Any escape of `_` or a lowercase letter
-# could be hiding a reserved key, so the fast paths treat such text as "may matter".
-_ESCAPED_KEY_CHAR = re.compile(r'\\u00(?:5[fF]|[67][0-9a-fA-F])')
+__all__ = ['ExternalizedDict', 'ExternalizedList', 'externalize_media', 'restore_media']
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
@@ -125,48 +90,6 @@ class ExternalizedList(list[Any], Generic[M]):
     def __init__(self, items: list[Any], pydantic_ai_types: tuple[type[M], ...]) -> None:
         super().__init__(items)
         self.pydantic_ai_types = pydantic_ai_types
-
-
-# ----------------------------------------------------------------------------------------------
-# Fast paths on serialized text
-
-
-def _mentions_reserved_key(json_text: str) -> bool:
-    if RESERVED_KEY_PREFIX in json_text:
-        return True
-    return '\\u00' in json_text and _ESCAPED_KEY_CHAR.search(json_text) is not None
-
-
-def might_need_externalizing(json_text: str, threshold_bytes: int) -> bool:
-    """Whether `externalize_media` could change the JSON tree that `json_text` encodes.
-
-    `False` is a guarantee: walking the parsed text would return an equal tree and store nothing,
-    so the caller may keep the text as it is. That holds when the text mentions no reserved key
-    and either has no `"data"`/`"content"` key or is shorter than the threshold: a string inside
-    JSON text never encodes to more UTF-8 bytes than the text itself, and base64 never decodes to
-    more bytes than it has characters. `True` only means "walk it to find out".
-    """
-    if _mentions_reserved_key(json_text):
-        return True
-    if '"data"' not in json_text and '"content"' not in json_text:
-        return False
-    length = len(json_text)
-    if length >= threshold_bytes:
-        return True
-    if length * 4 < threshold_bytes or json_text.isascii():
-        return False
-    return len(json_text.encode('utf-8', 'surrogatepass')) >= threshold_bytes
-
-
-def has_markers(json_text: str) -> bool:
-    """Whether `restore_media` could change the JSON tree that `json_text` encodes.
-
-    Only markers (`__harness_external_media__`) and literal wrappers (`__harness_external_literal__`)
-    are rewritten on restore; text that names neither comes back equal, so callers skip the walk.
-    """
-    if EXTERNAL_KEY in json_text or LITERAL_KEY in json_text:
-        return True
-    return '\\u00' in json_text and _ESCAPED_KEY_CHAR.search(json_text) is not None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,12 +201,12 @@ class _Externalizer:
                 return marker
         else:
             content = node.get('content')
-            if isinstance(content, str) and (isinstance(node.get('part_kind'), str) or kind in _TEXT_CONTENT_KINDS):
+            if isinstance(content, str) and (isinstance(node.get('part_kind'), str) or kind in TEXT_CONTENT_KINDS):
                 marker = await self._text(node, content)
                 if marker is not None:
                     return marker
         walked = await self._fields(node, None)
-        if any(key in node for key in _LITERAL_TRIGGER_KEYS):
+        if any(key in node for key in LITERAL_TRIGGER_KEYS):
             return {LITERAL_KEY: walked, FORMAT_KEY: LITERAL_FORMAT}
         return walked
 
@@ -380,7 +303,7 @@ class _Restorer:
         if len(node) == 2 and LITERAL_KEY in node and FORMAT_KEY in node:
             stamp = node[FORMAT_KEY]
             payload = node[LITERAL_KEY]
-            if isinstance(stamp, str) and stamp.startswith(_LITERAL_FAMILY) and isinstance(payload, dict):
+            if isinstance(stamp, str) and stamp.startswith(LITERAL_FAMILY) and isinstance(payload, dict):
                 if stamp != LITERAL_FORMAT:
                     raise ValueError(
                         f'externalized media literal wrapper has an unsupported format: {stamp!r} '
@@ -405,7 +328,7 @@ class _Restorer:
             and candidate
             and all(key in MARKER_METADATA_KEYS for key in cast(dict[str, Any], candidate))
             and isinstance(stamp, str)
-            and stamp.startswith(_ESCAPED_KEYS_FAMILY)
+            and stamp.startswith(ESCAPED_KEYS_FAMILY)
         ):
             if stamp != ESCAPED_KEYS_FORMAT:
                 raise ValueError(

@@ -25,9 +25,10 @@ from .._errors import RecordTooLargeError
 from .._json import compact_json
 from .._records import ContinuableSnapshot
 from ..media._context import MediaContext
+from ..media._markers import has_markers, might_need_externalizing
 from ..media._protocol import MediaStore
 from ..media._uri import parse_media_uri, uri_for_digest
-from ..media._walker import externalize_tree, has_markers, might_need_externalizing, restore_media
+from ..media._walker import externalize_tree, restore_media
 from ._hashing import HashedBinaries
 from .history import (
     TAIL,
