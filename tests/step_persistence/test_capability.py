@@ -685,6 +685,36 @@ async def test_batched_ledger_entry_closes_with_the_snapshot_holding_the_result(
     assert closed_with == [(['c1'], ['c1']), (['c2'], ['c1', 'c2'])]
 
 
+async def test_a_parallel_call_closes_with_the_snapshot_not_with_its_siblings_start() -> None:
+    """Two calls of one response run side by side: the first may end before the second starts.
+    Its `completed` entry must not ride on the second's `started` write, where no snapshot holds
+    its return (a crash then would lose the return and leave the call looking done)."""
+    store = InMemoryStepStore()
+    writes: list[tuple[bool, list[tuple[str, str]]]] = []
+    original = store.write_records
+
+    async def spying(*, snapshot: Any = None, tool_effects: Any = (), **rest: Any) -> None:
+        writes.append((snapshot is not None, [(e.tool_call_id, e.status) for e in tool_effects]))
+        await original(snapshot=snapshot, tool_effects=tool_effects, **rest)
+
+    store.write_records = spying  # type: ignore[method-assign]
+    agent = Agent(
+        scripted([call('fast', 'a'), call('fast', 'b')], 'done'),
+        capabilities=[StepPersistence(store=store, agent_name='parallel')],
+    )
+
+    @agent.tool_plain
+    async def fast() -> str:  # ends before the sibling's task starts: nothing here awaits
+        return 'ok'
+
+    await agent.run('go')
+    closes = [(with_snapshot, entry) for with_snapshot, entries in writes for entry in entries if entry[1] != 'started']
+    assert sorted(entry for _, entry in closes) == [('a', 'completed'), ('b', 'completed')]
+    assert all(with_snapshot for with_snapshot, _ in closes), writes
+    starts = [entries for _, entries in writes if ('b', 'started') in entries]
+    assert starts == [[('b', 'started')]]
+
+
 async def test_an_engine_dispatching_the_capability_is_told_from_none() -> None:
     """Under an engine that dispatches its operations the capability writes through them (one
     `write_records` operation per write); without one, straight to the store."""

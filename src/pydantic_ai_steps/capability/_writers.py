@@ -397,7 +397,7 @@ class BatchingWriter:
             tool_call_id=call_id, tool_name=name, run_id=run_id, status='started', started_at=now
         )
         self._open[call_id] = started
-        await self._write(ctx, tool_effects=[started])
+        await self._write(ctx, tool_effects=[started], close_entries=False)
 
     async def tool_closed(
         self,
@@ -437,15 +437,21 @@ class BatchingWriter:
         *,
         snapshot: Fields | None = None,
         tool_effects: list[ToolEffectRecord] | None = None,
+        close_entries: bool = True,
     ) -> None:
+        """Write what waits, with `snapshot` and `tool_effects`. A `started` write (not
+        `close_entries`) leaves the closed entries waiting: a sibling call of the same response may
+        have ended before it, and no snapshot holds that call's return yet."""
         if self._deferred is not None:
             deferred, self._deferred = self._deferred, None
             if snapshot is None:
                 snapshot = deferred
             else:  # two snapshots: the earlier one goes first, on its own
                 await self._write(ctx, snapshot=deferred)
-        events, effects = self._events, self._effects
-        self._events, self._effects = [], []
+        events, self._events = self._events, []
+        effects: list[ToolEffectRecord] = []
+        if close_entries:
+            effects, self._effects = self._effects, []
         registration, self._registration = self._registration, None
         entries = [*effects, *(tool_effects or ())]
         try:
