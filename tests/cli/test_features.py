@@ -50,6 +50,22 @@ def test_a_unique_prefix_names_a_run_and_an_ambiguous_one_lists_them(populated: 
     assert "'c' is the start of 2 run ids" in ambiguous.stderr and runs.crashed in ambiguous.stderr
 
 
+def test_a_blank_run_names_no_run_even_in_a_store_of_one(tmp_path: Path) -> None:
+    """An empty prefix matches every id: in a store of one run, `delete "$UNSET" --yes` took it."""
+    store, url = open_store('sqlite', tmp_path)
+
+    async def one_run() -> None:
+        async with store:
+            await store.register_run(RunRecord(run_id='keep-me', started_at=T0))
+
+    anyio.run(one_run)
+    for blank in ('', ' '):
+        for command in (['delete', blank, '--yes'], ['events', blank]):
+            refused = run_cli_inprocess(*command, '--store', url)
+            assert refused.returncode == 1 and 'names no run' in refused.stderr, refused
+    assert 'keep-me' in ok('runs', '--store', url)
+
+
 def test_runs_filters_and_limit(populated: PopulatedStore) -> None:
     def ids(*options: str) -> list[str]:
         return [run['run_id'] for run in json.loads(ok('runs', '--json', '--store', populated.url, *options))]

@@ -114,7 +114,13 @@ async def require_run(store: ManagedStepStore, run_id: str, store_url: str) -> R
 
 
 async def resolve_run(store: ManagedStepStore, text: str, store_url: str) -> tuple[str, RunRecord | None]:
-    """The run `text` names: its id, or a prefix of exactly one id (an ambiguous one lists its matches)."""
+    """The run `text` names: its id, or a prefix of exactly one id (an ambiguous one lists its matches).
+
+    A blank `text` names no run: as a prefix it would match every id (an unset shell variable
+    would then pick a store's only run, for `delete` too).
+    """
+    if not text.strip():
+        raise CliError(f'{text!r} names no run: give a run id or the start of one')
     record = await store.get_run(run_id=text)
     if record is not None or await store.list_events(run_id=text):
         return text, record
