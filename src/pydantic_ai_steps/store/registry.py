@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from .._errors import StepsError
 from .protocol import ManagedStepStore
@@ -162,6 +162,11 @@ class ServerScheme(StoreScheme):
 
     def parse(self, url: str) -> StoreLocation:
         parts = urlsplit(url)
+        if _password_split_early(url):
+            raise StoreUrlError(
+                f'bad {self.scheme} store URL {_redacted(url)!r}: a "/", "?" or "#" in the user name or password '
+                'must be percent-encoded (%2F, %3F, %23)'
+            )
         if not parts.hostname and parts.scheme != 'mongodb+srv':
             raise StoreUrlError(f'bad {self.scheme} store URL {_redacted(url)!r}: no host; expected {self.example}')
         return StoreLocation(self, url, _redacted(url))
@@ -175,14 +180,37 @@ class ServerScheme(StoreScheme):
         return getattr(module, attribute)(location, **options)
 
 
+def _raw_userinfo(url: str) -> str | None:
+    """What precedes the URL's last `@`, after `scheme://`: the user and password as typed, even
+    with an unescaped `/`, `?` or `#` in them (which end the netloc early for `urlsplit`)."""
+    scheme, separator, rest = url.partition('://')
+    if not separator or not scheme or '@' not in rest:
+        return None
+    return rest.rpartition('@')[0]
+
+
+def _password_split_early(url: str) -> bool:
+    """A raw `/`, `?` or `#` in a password ended the netloc inside it: `user:pass` with no `@`,
+    whose "port" is not a number (a URL with an `@` only in its query has a numeric port, or none)."""
+    netloc = urlsplit(url).netloc
+    if '@' in netloc or ':' not in netloc or _raw_userinfo(url) is None:
+        return False
+    return not netloc.rpartition(':')[2].isdigit()
+
+
 def _redacted(url: str) -> str:
-    """The URL with any password replaced by `***`, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """The URL with any password replaced by `***`, for messages.
+
+    Everything between the user name's `:` and the last `@` is the password, however `urlsplit`
+    reads it: a password holding a raw `/` must not leak through a split that missed it (an `@`
+    later in the URL only hides more than needed).
+    """
+    userinfo = _raw_userinfo(url)
+    if userinfo is None or ':' not in userinfo:
         return url
-    netloc = parts.netloc.rsplit('@', 1)[1]
-    user = parts.username or ''
-    return urlunsplit((parts.scheme, f'{user}:***@{netloc}', parts.path, parts.query, parts.fragment))
+    scheme, _, rest = url.partition('://')
+    user = userinfo.partition(':')[0]
+    return f'{scheme}://{user}:***@{rest[len(userinfo) + 1 :]}'
 
 
 SCHEMES: dict[str, StoreScheme] = {}

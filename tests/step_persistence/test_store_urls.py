@@ -1,0 +1,43 @@
+"""Store URLs: a password is never shown, however it is spelled."""
+
+from __future__ import annotations
+
+import pytest
+
+from pydantic_ai_steps.step_persistence import open_step_store
+from pydantic_ai_steps.store.registry import StoreUrlError, _redacted, resolve  # pyright: ignore[reportPrivateUsage]
+
+
+@pytest.mark.parametrize(
+    'url',
+    [
+        'postgresql://app:Tr0ub4dor/3@127.0.0.1:5432/db',
+        'postgresql://app:hun?ter2@127.0.0.1:5432/db',
+        'postgresql://app:hun#ter2@127.0.0.1:5432/db',
+        'mongodb://app:Tr0ub4dor/3@127.0.0.1/agents',
+    ],
+)
+def test_a_raw_slash_question_mark_or_hash_in_a_password_is_refused_without_showing_it(url: str) -> None:
+    with pytest.raises(StoreUrlError, match='percent-encoded') as refused:
+        open_step_store(url)
+    message = str(refused.value)
+    assert 'Tr0ub4dor' not in message and 'hun' not in message and 'ter2' not in message
+    assert 'app:***@127.0.0.1' in message
+
+
+@pytest.mark.parametrize(
+    ('url', 'shown'),
+    [
+        ('postgresql://app:s3cret@db.example:5432/steps', 'postgresql://app:***@db.example:5432/steps'),
+        ('postgresql://app:s3/cret@db.example/steps', 'postgresql://app:***@db.example/steps'),
+        ('postgresql://app@db.example/steps', 'postgresql://app@db.example/steps'),
+        ('mongodb://app:pw@host/agents?authSource=a@b', 'mongodb://app:***@b'),  # more hidden, never less
+    ],
+)
+def test_redaction_hides_everything_between_the_user_and_the_last_at(url: str, shown: str) -> None:
+    assert _redacted(url) == shown
+
+
+def test_an_at_sign_in_the_query_alone_is_not_taken_for_a_password() -> None:
+    location = resolve('postgresql://db.example:5432/steps?application_name=a@b')  # parsed, not connected
+    assert location.target == 'postgresql://db.example:5432/steps?application_name=a@b'
