@@ -4,7 +4,7 @@ whose time follows the runs it removes, not the store's size.
 1. Fill a store with 2,000 runs, each a few tool cycles and one image of a pool (half the images
    are unique to their run, half shared by several runs, old and new or old only), half of the runs
    closed 40 days ago.
-   `prune(older_than=30 days)` then removes those 1,000; `collect_garbage(grace=0)` removes the
+   `prune(older_than=30 days)` then removes those 1,000; `collect_garbage(grace=0, writers_stopped=True)` removes the
    blobs only they referenced. Prints the files' size before and after, and checks that exactly
    the unreferenced blobs went.
 2. Prune 10,000 old runs out of a store of 10,000 runs and out of one of 40,000, timed.
@@ -96,7 +96,7 @@ async def disk_and_garbage(runs: int, root: Path) -> None:
     prune_seconds = time.perf_counter() - start
     after_prune = files_size(root)
     start = time.perf_counter()
-    garbage = await store.collect_garbage(grace=timedelta(0))
+    garbage = await store.collect_garbage(grace=timedelta(0), writers_stopped=True)
     gc_seconds = time.perf_counter() - start
     await store.aclose()
     after_gc = files_size(root)

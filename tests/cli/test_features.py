@@ -178,7 +178,9 @@ def test_delete_prune_and_gc_show_before_they_remove(tmp_path: Path) -> None:
     assert 'removed' in ok('prune', '--older-than', '30d', '--yes', '--store', url)
     bad = run_cli_inprocess('prune', '--older-than', 'a month', '--store', url)
     assert bad.returncode == 2 and 'expected an age such as 30d' in bad.stderr
-    collected = ok('gc', '--grace', '0s', '--yes', '--store', url)
+    unsafe = run_cli_inprocess('gc', '--grace', '5m', '--yes', '--store', url)
+    assert unsafe.returncode == 1 and 'grace=0:05:00 is shorter than' in unsafe.stderr, unsafe
+    collected = ok('gc', '--grace', '0s', '--writers-stopped', '--yes', '--store', url)
     assert 'removed' in collected and 'blob' in collected
 
 

@@ -158,9 +158,11 @@ async def test_garbage_collection_and_deletion_over_upstream_data(
 ) -> None:
     blobs = fixture['expected']['blobs']
     async with MongoStepStore(db_url=url, database=upstream) as store:
-        first = await store.collect_garbage(grace=timedelta(0))  # upstream manifests get their stored_at now
+        first = await store.collect_garbage(
+            grace=timedelta(0), writers_stopped=True
+        )  # upstream manifests get their stored_at now
         assert first.blobs == [] and first.kept_recent == 3
-        second = await store.collect_garbage(grace=timedelta(0))
+        second = await store.collect_garbage(grace=timedelta(0), writers_stopped=True)
         assert sorted(second.blobs) == sorted([blobs['big']['uri'], blobs['small']['uri']])  # referenced by no text
         assert second.kept_referenced == 1  # the image, referenced from the upstream snapshot_messages
         latest = await store.latest_snapshot(run_id='orchestrator-1')

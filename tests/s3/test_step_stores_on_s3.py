@@ -101,12 +101,12 @@ async def test_garbage_collection_of_media_on_s3(
     await anyio.sleep(1.1)  # S3 keeps modification times to the second: let them fall before the cutoff
     await store.delete_run(first)
     assert (await store.collect_garbage()).blobs == []  # within the grace
-    collected = await store.collect_garbage(grace=timedelta(0))
+    collected = await store.collect_garbage(grace=timedelta(0), writers_stopped=True)
     assert collected.blobs == [media_uri_for(own)] and collected.bytes == len(own)
     assert await media.exists(media_uri_for(own)) is False
     assert await media.get(media_uri_for(shared)) == shared
     await store.delete_run(second)
-    assert (await store.collect_garbage(grace=timedelta(0))).blobs == [media_uri_for(shared)]
+    assert (await store.collect_garbage(grace=timedelta(0), writers_stopped=True)).blobs == [media_uri_for(shared)]
     assert [blob async for blob in media.list_blobs()] == []
     close = getattr(store, 'close', None)
     if callable(close):

@@ -205,7 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar='AGE',
         type=_age,
         default=timedelta(hours=1),
-        help='keep blobs put more recently than this (default: 1h): a running writer may be about to reference them',
+        help='keep blobs put more recently than this (default: 1h, at least 10m unless --writers-stopped): a running '
+        'writer may be about to reference them',
+    )
+    gc.add_argument(
+        '--writers-stopped',
+        action='store_true',
+        help='no process writes to the store meanwhile, so a --grace under 10m (0s, say) is safe',
     )
     gc.set_defaults(handler=_maintenance.cmd_gc)
     return parser

@@ -220,7 +220,7 @@ class _Demo:
             return 'empty'
         for run in runs:
             await store.delete_run(run.run_id)
-        await store.collect_garbage(grace=timedelta(0))
+        await store.collect_garbage(grace=timedelta(0), writers_stopped=True)
         return f'reset: deleted the {len(runs)} runs of the previous demo; --keep keeps them'
 
     @property

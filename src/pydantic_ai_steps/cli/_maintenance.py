@@ -54,14 +54,14 @@ async def cmd_gc(args: argparse.Namespace, out: Output) -> None:
     if store.media_store is None:
         out.line('this store keeps media inline: there are no blobs to collect')
         return
-    plan = await store.collect_garbage(grace=args.grace, dry_run=True)
+    plan = await store.collect_garbage(grace=args.grace, dry_run=True, writers_stopped=args.writers_stopped)
     if args.dry_run or not args.yes:
         out.line(_garbage_line(plan, 'would remove'))
         if not args.dry_run:
             raise CliError('nothing removed: pass --yes to remove them (or --dry-run to only look)')
         return
     before = await _size(store)
-    done = await store.collect_garbage(grace=args.grace)
+    done = await store.collect_garbage(grace=args.grace, writers_stopped=args.writers_stopped)
     out.line(_garbage_line(done, 'removed'))
     after = await _size(store)
     if before is not None and after is not None:

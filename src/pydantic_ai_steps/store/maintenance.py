@@ -30,14 +30,19 @@ from ..media._uri import MEDIA_URI_PREFIX
 from . import codec
 from .backend import Backend, Damaged
 from .history import LogEntry
+from .message_log import BLOB_MEMO_SECONDS
 from .patch import is_patch, patch_base_index
 
 if TYPE_CHECKING:
     from .message_log import MessageLog
 
+
 _URI = re.compile(re.escape(MEDIA_URI_PREFIX) + '[0-9a-f]{64}')
 _DELETE_CHUNK = 500
 DEFAULT_GRACE = timedelta(hours=1)
+MIN_LIVE_GRACE = timedelta(seconds=BLOB_MEMO_SECONDS)
+"""The shortest grace collection takes while writers may run: a writer trusts a blob it put for
+`message_log.BLOB_MEMO_SECONDS` before it puts it again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,11 +177,16 @@ class Maintenance:
             await self._backend.delete_log_entries(run_id, unneeded)
         return len(unneeded)
 
-    async def collect_garbage(self, *, grace: timedelta = DEFAULT_GRACE, dry_run: bool = False) -> GarbageResult:
+    async def collect_garbage(
+        self, *, grace: timedelta = DEFAULT_GRACE, dry_run: bool = False, writers_stopped: bool = False
+    ) -> GarbageResult:
         """Remove media blobs no stored text references and nothing has put within `grace`.
 
         Only for a media store this step store has to itself (the default one): blobs that another
-        store references would look unreferenced from here.
+        store references would look unreferenced from here. A `grace` shorter than the time a
+        writer trusts a blob it put (`MIN_LIVE_GRACE`) could remove a blob a running writer is
+        about to reference without putting it again, so it is refused unless `writers_stopped=True`
+        says no process writes to the store meanwhile.
         """
         media = self.media_store
         if media is None:
@@ -185,6 +195,12 @@ class Maintenance:
             raise TypeError(f'{media!r} cannot list and delete its blobs, so its garbage cannot be collected')
         if not isinstance(grace, timedelta) or grace < timedelta(0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(f'grace must be a timedelta >= 0, got {grace!r}')
+        if grace < MIN_LIVE_GRACE and writers_stopped is not True:
+            raise ValueError(
+                f'grace={grace} is shorter than the {MIN_LIVE_GRACE} a writer trusts a blob it put without '
+                'putting it again, so a blob a running writer is about to reference could be removed: give a '
+                f'grace of at least {MIN_LIVE_GRACE}, or writers_stopped=True if no process writes to this store'
+            )
         cutoff = utc_now() - grace
         candidates: list[BlobInfo] = []
         recent = 0

@@ -46,8 +46,9 @@ DEFAULT_MEDIA_THRESHOLD = 64 * 1024
 PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
 BLOB_MEMO_SECONDS = 600.0
 """How long this process trusts that a blob it put is still in the media store. Media garbage
-collection never removes a blob put within its grace period (an hour by default), so a writer
-that re-puts anything older than this never references a blob that collection removed."""
+collection never removes a blob put within its grace period (an hour by default, and never less
+than this while writers run: `maintenance.MIN_LIVE_GRACE`), so a writer that re-puts anything
+older than this never references a blob that collection removed."""
 _BLOBS_REMEMBERED = 4096
 PATCH_RATIO = 2
 """A changed version is stored as a patch only if the patch is at most 1/PATCH_RATIO of its full text."""

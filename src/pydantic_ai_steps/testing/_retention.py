@@ -159,17 +159,21 @@ class RetentionConformance:
         await runs.save_snapshot(snapshot(second, list(history(2, 3))))
         uris = {blob.uri async for blob in media.list_blobs()}
         assert len(uris) >= 3
-        assert (await runs.collect_garbage(grace=timedelta(0))).blobs == []  # all referenced
+        assert (await runs.collect_garbage(grace=timedelta(0), writers_stopped=True)).blobs == []  # all referenced
         await runs.delete_run(first)
         recent = await runs.collect_garbage()  # the grace period protects what was just put
+        for short in (timedelta(0), timedelta(minutes=5)):  # shorter than a writer trusts its puts
+            with pytest.raises(ValueError, match=f'grace={short} is shorter than .*writers_stopped=True'):
+                await runs.collect_garbage(grace=short)
+        assert {blob.uri async for blob in media.list_blobs()} == uris  # refused before anything was removed
         assert recent.blobs == [] and recent.kept_recent >= 1
-        planned = await runs.collect_garbage(grace=timedelta(0), dry_run=True)
+        planned = await runs.collect_garbage(grace=timedelta(0), dry_run=True, writers_stopped=True)
         assert len(planned.blobs) == 1 and planned.dry_run
-        collected = await runs.collect_garbage(grace=timedelta(0))
+        collected = await runs.collect_garbage(grace=timedelta(0), writers_stopped=True)
         assert collected.blobs == planned.blobs and collected.bytes == 70 * 1024
         left = {blob.uri async for blob in media.list_blobs()}
         assert left == uris - set(collected.blobs)
         latest = await runs.latest_snapshot(run_id=second)
         assert latest is not None and dump(latest.messages) == dump(list(history(2, 3)))
         await runs.delete_run(second)
-        assert len((await runs.collect_garbage(grace=timedelta(0))).blobs) == 2
+        assert len((await runs.collect_garbage(grace=timedelta(0), writers_stopped=True)).blobs) == 2
