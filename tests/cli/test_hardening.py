@@ -34,6 +34,25 @@ def test_the_inspector_refuses_a_directory_that_is_not_a_store(tmp_path: Path, c
     assert snapshot_of(tmp_path / 'project') == before  # no _index, nothing written
 
 
+@pytest.mark.parametrize(
+    'command', [['runs'], ['delete', 'x', '--yes'], ['prune', '--older-than', '0s', '--yes'], ['gc', '--yes']]
+)
+def test_another_applications_database_with_a_runs_table_is_not_a_step_store(
+    tmp_path: Path, command: list[str]
+) -> None:
+    database = tmp_path / 'app.db'
+    connection = sqlite3.connect(database)
+    connection.execute('CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)')
+    connection.execute("INSERT INTO runs (name) VALUES ('nightly')")
+    connection.commit()
+    connection.close()
+    before = database.read_bytes()
+    result = run_cli_inprocess(*command, '--store', str(database))
+    assert result.returncode == 1
+    assert 'is not a step store' in result.stderr and 'without the column(s) run_id, started_at' in result.stderr
+    assert database.read_bytes() == before
+
+
 def test_the_inspector_on_proc_self_is_a_clear_error() -> None:
     if not Path('/proc/self').exists():
         pytest.skip('no /proc here')

@@ -22,6 +22,8 @@ from ._legacy import legacy_texts
 from ._schema import RUN_COLUMNS
 
 _MEMORY = ':memory:'
+_STEP_STORE_RUN_COLUMNS = frozenset({'run_id', 'started_at'})
+"""Columns the `runs` table has in every layout (this package's and the upstream package's)."""
 _CHUNK = 500
 
 _INSERT_EVENT = (
@@ -346,13 +348,17 @@ class SqliteBackend(SqliteConnection):
         try:
             reader = sqlite3.connect(path.resolve().as_uri() + '?mode=ro', uri=True, timeout=5.0)
             try:
-                found = reader.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs'").fetchone()
+                columns = {row[1] for row in reader.execute('PRAGMA table_info(runs)')}
             finally:
                 reader.close()
         except sqlite3.Error as error:
             return Probe(exists=True, step_store=False, size_bytes=size, detail=f'cannot read {path}: {error}')
-        if found is None:
+        if not columns:
             return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path} has no runs table')
+        missing = sorted(_STEP_STORE_RUN_COLUMNS - columns)
+        if missing:  # another application's table of that name
+            detail = f'{path} has a runs table without the column(s) {", ".join(missing)} every step store has'
+            return Probe(exists=True, step_store=False, size_bytes=size, detail=detail)
         return Probe(exists=True, step_store=True, size_bytes=size)
 
 
