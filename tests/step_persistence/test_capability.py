@@ -443,6 +443,42 @@ async def test_abandoned_iter_records_a_closing_event() -> None:
     assert 'cancelled' in (events[-1].error or '')
 
 
+async def test_a_call_cut_off_by_cancellation_stays_started_in_run_and_run_stream_alike() -> None:
+    """A run cancelled while a tool awaits: the call may or may not have had its effect."""
+
+    async def cancelled(mode: str) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+        store = InMemoryStepStore()
+        agent = librarian(store, [call('wait', 'c1')], 'done')
+        entered = anyio.Event()
+
+        @agent.tool_plain
+        async def wait() -> str:  # pyright: ignore[reportUnusedFunction]
+            entered.set()
+            await anyio.sleep(10)
+            return 'late'
+
+        async def drive() -> None:
+            if mode == 'run':
+                await agent.run('go')
+            else:
+                async with agent.run_stream('go') as stream:
+                    await stream.get_output()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(drive)
+            await entered.wait()
+            group.cancel_scope.cancel()
+        run_id = (await only_run(store)).run_id
+        events = [event.kind for event in await store.list_events(run_id=run_id)]
+        effects = [(entry.tool_call_id, entry.status) for entry in await store.list_tool_effects(run_id=run_id)]
+        unresolved = [entry.tool_call_id for entry in await store.list_unresolved_tool_effects(run_id=run_id)]
+        return events[events.index('tool_call_started') :], effects, unresolved
+
+    expected = (['tool_call_started', 'run_failed'], [('c1', 'started')], ['c1'])
+    assert await cancelled('run') == expected
+    assert await cancelled('stream') == expected
+
+
 async def test_snapshot_saved_events_reach_the_stream() -> None:
     store = InMemoryStepStore()
     agent = librarian(store, [call('read_file', 'c1', path='a.py')], 'done')

@@ -288,6 +288,10 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         ledger_token = _context.active_ledger.set(out)
         try:
             result = await handler(args)
+        except anyio.get_cancelled_exc_class():
+            # Cut off from outside at any await: whether its effect happened is unknown, as after a
+            # crash, so the entry stays `started` (and the run's closing event names the cancellation).
+            raise
         except BaseException as error:
             reason = describe_tool_error(error)
             with anyio.CancelScope(shield=True):
