@@ -9,6 +9,7 @@ import asyncpg
 import pytest
 
 from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps._errors import StoreUnavailableError
 from pydantic_ai_steps.step_persistence import (
     InvalidRecordError,
     PostgresStepStore,
@@ -49,6 +50,16 @@ def test_exactly_one_of_a_pool_or_a_dsn() -> None:
     with pytest.raises(ValueError, match='acquire_timeout'):
         PostgresStepStore(dsn='postgresql://h/db', acquire_timeout=0)
     assert 'pw' not in repr(PostgresStepStore(dsn='postgresql://u:pw@h/db'))
+
+
+@pytest.mark.anyio
+async def test_an_unreachable_server_is_store_unavailable_without_the_password(anyio_backend: str) -> None:
+    del anyio_backend
+    store = PostgresStepStore(dsn='postgresql://app:s3cret@127.0.0.1:1/db')  # nothing listens on port 1
+    with pytest.raises(StoreUnavailableError, match='could not be reached: ConnectionRefusedError') as refused:
+        await store.list_runs()
+    assert 's3cret' not in str(refused.value) and refused.value.__cause__ is None
+    await store.aclose()
 
 
 @pytest.mark.anyio

@@ -41,3 +41,17 @@ def test_redaction_hides_everything_between_the_user_and_the_last_at(url: str, s
 def test_an_at_sign_in_the_query_alone_is_not_taken_for_a_password() -> None:
     location = resolve('postgresql://db.example:5432/steps?application_name=a@b')  # parsed, not connected
     assert location.target == 'postgresql://db.example:5432/steps?application_name=a@b'
+
+
+@pytest.mark.parametrize(
+    ('url', 'reason'),
+    [
+        ('postgresql://app:s3cret@127.0.0.1:99999/db', 'Port out of range'),
+        ('postgresql://app:s3cret@[::1/db', 'Invalid IPv6 URL'),
+        ('mongodb://app:s3cret@127.0.0.1:70000/agents', 'Port out of range'),
+    ],
+)
+def test_a_malformed_server_url_is_a_store_url_error_naming_it(url: str, reason: str) -> None:
+    with pytest.raises(StoreUrlError, match=reason) as refused:
+        open_step_store(url)
+    assert 'app:***@' in str(refused.value) and 's3cret' not in str(refused.value)

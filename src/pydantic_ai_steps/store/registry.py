@@ -161,12 +161,18 @@ class ServerScheme(StoreScheme):
         self._loader = loader
 
     def parse(self, url: str) -> StoreLocation:
-        parts = urlsplit(url)
         if _password_split_early(url):
             raise StoreUrlError(
                 f'bad {self.scheme} store URL {_redacted(url)!r}: a "/", "?" or "#" in the user name or password '
                 'must be percent-encoded (%2F, %3F, %23)'
             )
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - read to check it: a port outside 0-65535 raises here
+        except ValueError as error:
+            raise StoreUrlError(
+                f'bad {self.scheme} store URL {_redacted(url)!r}: {error}; expected {self.example}'
+            ) from None
         if not parts.hostname and parts.scheme != 'mongodb+srv':
             raise StoreUrlError(f'bad {self.scheme} store URL {_redacted(url)!r}: no host; expected {self.example}')
         return StoreLocation(self, url, _redacted(url))
@@ -192,7 +198,10 @@ def _raw_userinfo(url: str) -> str | None:
 def _password_split_early(url: str) -> bool:
     """A raw `/`, `?` or `#` in a password ended the netloc inside it: `user:pass` with no `@`,
     whose "port" is not a number (a URL with an `@` only in its query has a numeric port, or none)."""
-    netloc = urlsplit(url).netloc
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:  # an unbalanced IPv6 bracket: the caller's own check reports it
+        return False
     if '@' in netloc or ':' not in netloc or _raw_userinfo(url) is None:
         return False
     return not netloc.rpartition(':')[2].isdigit()

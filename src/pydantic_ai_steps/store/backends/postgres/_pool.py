@@ -187,7 +187,12 @@ class Connections:
                 'a PostgreSQL store opened with dsn= needs asyncpg: pip install "pydantic-ai-steps[postgres]"'
             ) from None
         assert self._dsn is not None
-        return await asyncpg.create_pool(self._dsn, **owned_pool_options(self._pool_options))  # pyright: ignore[reportUnknownMemberType]
+        try:
+            return await asyncpg.create_pool(self._dsn, **owned_pool_options(self._pool_options))  # pyright: ignore[reportUnknownMemberType]
+        except OSError as error:  # refused, unknown host, unreachable: the DSN itself (a password) is not shown
+            raise StoreUnavailableError(
+                f'the PostgreSQL server named by dsn= could not be reached: {type(error).__name__}: {error}'
+            ) from None
 
     def _abandon(self) -> None:
         """Drop a pool opened in another (finished) event loop: its connections cannot be used from this one."""
