@@ -427,3 +427,19 @@ async def test_a_run_folder_deleted_behind_the_store_is_not_written_again(tmp_pa
             await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
     assert not (tmp_path / 'r').exists()
     assert await FileStepStore(tmp_path).latest_snapshot(run_id='r') is None
+
+
+async def test_deleting_a_run_never_removes_a_folder_that_holds_another_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a case-insensitive file system `Run1` and `run1` are one folder: deleting the id that is
+    not stored must leave the run that is (simulated by moving a run's folder under another name)."""
+    store = FileStepStore(tmp_path)
+    await store.register_run(RunRecord(run_id='Run1', started_at=T0))
+    await store.aclose()
+    os.rename(tmp_path / 'Run1', tmp_path / 'run1')
+    store = FileStepStore(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        await store.delete_run('run1')
+    assert (tmp_path / 'run1' / 'run.json').exists()
+    assert "it holds run 'Run1'" in caplog.text
