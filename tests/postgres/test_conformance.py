@@ -6,13 +6,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import given
 from pydantic_ai.messages import ModelMessage
 
 from pydantic_ai_steps.step_persistence import PostgresStepStore
 from pydantic_ai_steps.store import Backend
-from pydantic_ai_steps.testing._strategies import message_strategy
+from pydantic_ai_steps.testing._snapshots import HISTORIES, ROUND_TRIP_SETTINGS
 from pydantic_ai_steps.testing.backend import BackendConformance, BackendFactory
 from pydantic_ai_steps.testing.step_store import StepStoreConformance, StoreFactory
 
@@ -51,16 +50,8 @@ class _PropertyTestOnItsOwnConnections(StepStoreConformance):
     def loopless_store(self, dsn: str, prefix: str) -> StoreFactory:
         return lambda **options: PostgresStepStore(ConnectPerAcquire(dsn), table=prefix, **options)
 
-    @settings(
-        max_examples=40,
-        deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors],
-    )
-    @given(
-        histories=st.lists(
-            st.lists(st.deferred(lambda: message_strategy()), min_size=1, max_size=6), min_size=1, max_size=3
-        )
-    )
+    @ROUND_TRIP_SETTINGS
+    @given(histories=HISTORIES)
     def test_arbitrary_histories_round_trip_exactly(  # pyright: ignore[reportIncompatibleMethodOverride]
         self, loopless_store: StoreFactory, histories: list[list[ModelMessage]]
     ) -> None:

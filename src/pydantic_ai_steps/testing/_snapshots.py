@@ -22,6 +22,15 @@ from ..store.protocol import StepStore
 from ._strategies import message_strategy
 from ._support import T0, StoreFactory, all_snapshots, dump, new_run, snapshot, tool_cycle
 
+HISTORIES = st.lists(st.lists(st.deferred(lambda: message_strategy()), min_size=1, max_size=6), min_size=1, max_size=3)
+"""The round-trip property's input: a history grown over one to three snapshots."""
+ROUND_TRIP_SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    # One test shared by every subclass (a store each): that is the point of the suite.
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors],
+)
+
 
 class SnapshotConformance:
     """What `latest_snapshot` and `list_snapshots` give back after `save_snapshot`."""
@@ -150,17 +159,8 @@ class SnapshotConformance:
 
     # --- property: any history round-trips exactly -------------------------------------------
 
-    @settings(
-        max_examples=40,
-        deadline=None,
-        # One test shared by every subclass (a store each): that is the point of the suite.
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors],
-    )
-    @given(
-        histories=st.lists(
-            st.lists(st.deferred(lambda: message_strategy()), min_size=1, max_size=6), min_size=1, max_size=3
-        )
-    )
+    @ROUND_TRIP_SETTINGS
+    @given(histories=HISTORIES)
     def test_arbitrary_histories_round_trip_exactly(
         self, make_store: StoreFactory, histories: list[list[ModelMessage]]
     ) -> None:
