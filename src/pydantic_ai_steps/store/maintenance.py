@@ -30,12 +30,8 @@ from ..media._uri import MEDIA_URI_PREFIX
 from . import codec
 from .backend import Backend, Damaged
 from .history import LogEntry
-from .message_log import BLOB_MEMO_SECONDS
+from .message_log import BLOB_MEMO_SECONDS, MessageLog
 from .patch import is_patch, patch_base_index
-
-if TYPE_CHECKING:
-    from .message_log import MessageLog
-
 
 _URI = re.compile(re.escape(MEDIA_URI_PREFIX) + '[0-9a-f]{64}')
 _DELETE_CHUNK = 500
