@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,3 +155,52 @@ def test_a_new_kind_of_store_is_one_registration(dict_scheme: _DictScheme, capsy
     assert re.search(r'media blobs\s+0', capsys.readouterr().out)
     assert main(['runs', '--store', 'dictmem://absent']) == 1
     assert capsys.readouterr().err == 'pydantic-ai-steps: error: no store at dictmem://absent\n'
+
+
+class _Silent(InMemoryStepStore):
+    """A server that accepts the connection and never answers."""
+
+    closed = False
+
+    async def probe(self) -> Probe:
+        await anyio.sleep_forever()
+        raise AssertionError('unreachable')
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_a_store_that_never_answers_is_one_line_after_the_probe_deadline(
+    dict_scheme: _DictScheme, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_stores, 'PROBE_SECONDS', 0.2)
+    silent = dict_scheme.stores['hung'] = _Silent()
+    assert main(['runs', '--store', 'dictmem://hung']) == 1
+    said = capsys.readouterr().err
+    assert said == 'pydantic-ai-steps: error: the store at dictmem://hung did not answer within 0.2 s\n'
+    assert silent.closed
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ('url', 'said'),
+    [
+        ('mongodb://steps:s3cret@127.0.0.1:{port}/agents?serverSelectionTimeoutMS=300', 'Connect call failed'),
+        ('postgresql://steps:s3cret@127.0.0.1:{port}/agents', 'could not be reached: ConnectionRefusedError'),
+    ],
+)
+def test_a_server_that_is_down_is_named_in_one_line_without_its_password(
+    url: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    value = url.format(port=_closed_port())
+    assert main(['runs', '--store', value]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f'pydantic-ai-steps: error: cannot reach the store at {value.replace("s3cret", "***")}: ')
+    assert said in err
+    assert 's3cret' not in err and 'Topology' not in err and '--debug' not in err
+    assert err.count('\n') == 1

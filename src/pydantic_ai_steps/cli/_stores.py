@@ -3,6 +3,9 @@ creating anything, and checked to be a step store before a command reads it."""
 
 from __future__ import annotations
 
+import anyio
+
+from .._errors import StoreUnavailableError
 from ..media._protocol import MediaStore
 from ..store.maintenance import CollectableMediaStore
 from ..store.protocol import ManagedStepStore
@@ -13,6 +16,10 @@ __all__ = ['STORE_VARIABLE', 'locate', 'media_blob_count', 'open_existing', 'sch
 
 STORE_VARIABLE = 'PYDANTIC_AI_STEPS_STORE'
 """The environment variable naming the store a command reads when `--store` is not given."""
+PROBE_SECONDS = 10.0
+"""How long a command waits for a server store's first answer. A driver's own wait is longer (pymongo
+selects a server for 30 s, riding out a replica-set election): right for a worker, not for a person
+at a terminal asking about a server that is down."""
 
 
 def locate(value: str) -> StoreLocation:
@@ -31,9 +38,16 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
     except StoreUrlError as error:
         raise CliError(str(error)) from None
     try:
-        probe = await store.probe()
-    except BaseException:
+        with anyio.fail_after(PROBE_SECONDS):
+            probe = await store.probe()
+    except TimeoutError:
         await store.aclose()
+        raise CliError(f'the store at {location.url} did not answer within {PROBE_SECONDS:g} s') from None
+    except BaseException as error:
+        await store.aclose()
+        reason = _unreachable(error)
+        if reason is not None:
+            raise CliError(f'cannot reach the store at {location.url}: {reason}') from None
         raise
     if not probe.exists:
         await store.aclose()
@@ -42,6 +56,20 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
         await store.aclose()
         raise CliError(f'{location.url} is not a step store: {probe.detail}')
     return location, store
+
+
+def _unreachable(error: BaseException) -> str | None:
+    """What a driver said when the server could not be reached (its first clause only: pymongo's
+    message goes on with the whole topology), or `None` for any other error."""
+    if isinstance(error, StoreUnavailableError):
+        return str(error)
+    try:
+        from pymongo.errors import ConnectionFailure
+    except ImportError:  # pragma: no cover - the mongodb extra is not installed
+        return None
+    if isinstance(error, ConnectionFailure):
+        return str(error).split(' (configured timeouts', 1)[0].split(', Timeout:', 1)[0]
+    return None
 
 
 async def media_blob_count(media: MediaStore | None) -> int | None:
