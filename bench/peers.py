@@ -603,9 +603,12 @@ def inside(m: dict[tuple[str, int], float | None]) -> None:
     low, high = m.get((OURS_NORMAL, 100)), m.get((OURS_NORMAL, 400))
     if low and high is not None:
         verdict = 'met' if high / low <= 1.1 else 'missed'
+        floor_low, floor_high = m.get((FLOOR_INSIDE_NORMAL, 100)), m.get((FLOOR_INSIDE_NORMAL, 400))
+        # The floor's writes are the same at every step: what it grows by, the process does to any work.
+        floor = f'; the floor inside the agent: {floor_high / floor_low:.2f}x' if floor_low and floor_high else ''
         print(
             f'- ours NORMAL inside the hooks (no dispatch in it), 400 vs 100: {high / low:.2f}x '
-            f'(target <= 1.1x): {verdict}'
+            f'(target <= 1.1x): {verdict}{floor}'
         )
 
 

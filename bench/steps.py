@@ -438,20 +438,20 @@ def comparisons(backends: list[Backend]) -> None:
     for backend in backends:
         if backend.floor or backend.label.startswith('harness'):
             continue
-        for other, wording in (
-            (f'{backend.label} floor', 'ours / its floor'),
-            (f'harness {backend.label}', 'upstream / ours'),
+        floor, upstream = by_label.get(f'{backend.label} floor'), by_label.get(f'harness {backend.label}')
+        for wording, numerator, denominator in (
+            ('ours / its floor', backend.results, floor),
+            ('upstream / ours', upstream, backend.results),
+            # The most any store could win against upstream: one that cost exactly the floor.
+            ('upstream / the floor', upstream, floor),
         ):
-            found = by_label.get(other)
-            if found is None:
+            if numerator is None or denominator is None:
                 continue
             cells: list[str] = []
             for steps in (100, 400):
-                mine, theirs = backend.results.get(f'overhead_{steps}'), found.get(f'overhead_{steps}')
-                if mine and theirs:
-                    cells.append(
-                        f'{(mine / theirs if wording.startswith("ours") else theirs / mine):.2f}x at {steps} steps'
-                    )
+                above, below = numerator.get(f'overhead_{steps}'), denominator.get(f'overhead_{steps}')
+                if above and below:
+                    cells.append(f'{above / below:.2f}x at {steps} steps')
             if cells:
                 print(f'  {backend.label}, {wording}: {", ".join(cells)}')
 
