@@ -8,10 +8,12 @@ import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import anyio
 import pytest
 
+from pydantic_ai_steps._errors import StoreUnavailableError
 from pydantic_ai_steps.cli import _stores, main
 from pydantic_ai_steps.cli._errors import CliError
 from pydantic_ai_steps.step_persistence import InMemoryStepStore
@@ -204,3 +206,21 @@ def test_a_server_that_is_down_is_named_in_one_line_without_its_password(
     assert said in err
     assert 's3cret' not in err and 'Topology' not in err and '--debug' not in err
     assert err.count('\n') == 1
+
+
+class _Vanishing(InMemoryStepStore):
+    """A server that answers the probe, then goes away."""
+
+    async def list_runs(self, *args: object, **kwargs: object) -> NoReturn:
+        raise StoreUnavailableError('the PostgreSQL server named by dsn= could not be reached: ConnectionResetError')
+
+
+def test_a_server_lost_during_a_command_is_one_line_without_a_traceback_hint(
+    dict_scheme: _DictScheme, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dict_scheme.stores['gone'] = _Vanishing()
+    assert main(['runs', '--store', 'dictmem://gone']) == 1
+    assert capsys.readouterr().err == (
+        'pydantic-ai-steps: error: lost the store: the PostgreSQL server named by dsn= could not be reached: '
+        'ConnectionResetError\n'
+    )

@@ -19,7 +19,7 @@ from ._errors import CliError
 from ._inspect import STATUS_HELP
 from ._output import Command, Output
 from ._render import printable
-from ._stores import STORE_VARIABLE, schemes_help
+from ._stores import STORE_VARIABLE, schemes_help, unreachable
 
 PROG = 'pydantic-ai-steps'
 
@@ -274,7 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         if args.debug:
             raise
-        _error(f'{type(error).__name__}: {error} (--debug shows the traceback)')
+        reason = unreachable(error)  # the server went away during the command: a condition, not a bug
+        _error(
+            f'lost the store: {reason}'
+            if reason is not None
+            else f'{type(error).__name__}: {error} (--debug shows the traceback)'
+        )
         return 1
     return 0
 

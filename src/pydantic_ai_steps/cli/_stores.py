@@ -12,7 +12,7 @@ from ..store.protocol import ManagedStepStore
 from ..store.registry import StoreLocation, StoreUrlError, resolve, schemes_help
 from ._errors import CliError
 
-__all__ = ['STORE_VARIABLE', 'locate', 'media_blob_count', 'open_existing', 'schemes_help']
+__all__ = ['STORE_VARIABLE', 'locate', 'media_blob_count', 'open_existing', 'schemes_help', 'unreachable']
 
 STORE_VARIABLE = 'PYDANTIC_AI_STEPS_STORE'
 """The environment variable naming the store a command reads when `--store` is not given."""
@@ -45,7 +45,7 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
         raise CliError(f'the store at {location.url} did not answer within {PROBE_SECONDS:g} s') from None
     except BaseException as error:
         await store.aclose()
-        reason = _unreachable(error)
+        reason = unreachable(error)
         if reason is not None:
             raise CliError(f'cannot reach the store at {location.url}: {reason}') from None
         raise
@@ -58,7 +58,7 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
     return location, store
 
 
-def _unreachable(error: BaseException) -> str | None:
+def unreachable(error: BaseException) -> str | None:
     """What a driver said when the server could not be reached (its first clause only: pymongo's
     message goes on with the whole topology), or `None` for any other error."""
     if isinstance(error, StoreUnavailableError):
