@@ -1,11 +1,14 @@
 """Per-step cost of persistence against the peers a user may pick, with the floor, in one run.
 
     uv run python bench/peers.py                      # 100 and 400 steps, three rounds
+    uv run python bench/peers.py --given-usage        # the model reports its usage (see below)
     PEERS_OA_PYTHON=/tmp/venv-oa/bin/python PEERS_LG_PYTHON=/tmp/venv-lg/bin/python \\
         uv run python bench/peers.py --rounds 3
 
 The workload is `bench/steps.py`'s: a `FunctionModel` calling a tool that returns 2 KB, `steps`
-model requests (`steps - 1` tool cycles, then a text answer). The peers run the same workload in
+model requests (`steps - 1` tool cycles, then a text answer). With `--given-usage` the model
+reports a usage, so `FunctionModel` does not estimate one by splitting every message of the history
+at each request (the peers' scripted models estimate nothing). The peers run the same workload in
 `bench/peers/` (`oa_bench.py`: the OpenAI Agents SDK's `SQLiteSession`; `lg_bench.py`:
 LangGraph's `AsyncSqliteSaver`), each as a subprocess of the interpreter of its own virtualenv
 (`--oa-python` / `PEERS_OA_PYTHON`, `--lg-python` / `PEERS_LG_PYTHON`; a peer whose interpreter is
@@ -378,6 +381,8 @@ class Bench:
     captured: dict[int, list[list[Statement]]]
     histories: dict[int, list[ModelMessage]]
     peers: dict[str, Peer]
+    given_usage: bool = False
+    """The model reports its usage (`steps.make_agent`): no estimate over the history at each request."""
     results: Results = field(default_factory=Results)
     counter: int = 0
 
@@ -390,7 +395,7 @@ class Bench:
         return path
 
     async def plain(self, steps: int) -> tuple[float, float]:
-        elapsed = await timed_run(make_agent(steps, []))
+        elapsed = await timed_run(make_agent(steps, [], given_usage=self.given_usage))
         self.results.add_own('pydantic-ai', steps, elapsed[0] / steps)
         return elapsed
 
@@ -405,7 +410,7 @@ class Bench:
         for label, build in rotated(configs, order):
             base, base_cpu = await self.plain(steps)
             capabilities, inside, close = build()
-            elapsed, cpu = await timed_run(make_agent(steps, capabilities))
+            elapsed, cpu = await timed_run(make_agent(steps, capabilities, given_usage=self.given_usage))
             close()
             seconds = inside()
             per_step = seconds / steps if seconds is not None else None
@@ -472,7 +477,9 @@ async def timed_run(agent: Agent[None, str]) -> tuple[float, float]:
     return time.perf_counter() - start, time.process_time() - cpu
 
 
-async def capture(scratch: Path, template: Path, steps: int) -> tuple[list[list[Statement]], list[ModelMessage]]:
+async def capture(
+    scratch: Path, template: Path, steps: int, *, given_usage: bool = False
+) -> tuple[list[list[Statement]], list[ModelMessage]]:
     """The SQL one run of ours issues (recorded, not timed), and the run's final history."""
     directory = scratch / f'capture-{steps}'
     directory.mkdir()
@@ -480,9 +487,8 @@ async def capture(scratch: Path, template: Path, steps: int) -> tuple[list[list[
     shutil.copyfile(template, path)
     store = open_store(path, durable=False)
     recorder = record_store(store)
-    result = await make_agent(steps, [StepPersistence(store=store, agent_name='bench')]).run(
-        'go', usage_limits=UNLIMITED
-    )
+    agent = make_agent(steps, [StepPersistence(store=store, agent_name='bench')], given_usage=given_usage)
+    result = await agent.run('go', usage_limits=UNLIMITED)
     store.close()
     shutil.rmtree(directory, ignore_errors=True)
     return transactions(recorder.log), result.all_messages()
@@ -674,6 +680,11 @@ async def main() -> None:
     parser.add_argument('--oa-python', default=os.environ.get('PEERS_OA_PYTHON'))
     parser.add_argument('--lg-python', default=os.environ.get('PEERS_LG_PYTHON'))
     parser.add_argument('--show-cycle', action='store_true', help='print the statements of one tool cycle')
+    parser.add_argument(
+        '--given-usage',
+        action='store_true',
+        help="the model reports its usage, so pydantic-ai's test model estimates none over the history",
+    )
     args = parser.parse_args()
     check_same_hooks()
     peers = start_peers(args)
@@ -685,10 +696,12 @@ async def main() -> None:
             captured: dict[int, list[list[Statement]]] = {}
             histories: dict[int, list[ModelMessage]] = {}
             for steps in STEPS:
-                captured[steps], histories[steps] = await capture(scratch, template, steps)
+                captured[steps], histories[steps] = await capture(
+                    scratch, template, steps, given_usage=args.given_usage
+                )
             if args.show_cycle:
                 print('\n'.join(describe_cycle(captured[100], 100)))
-            bench = Bench(scratch, template, captured, histories, peers)
+            bench = Bench(scratch, template, captured, histories, peers, given_usage=args.given_usage)
             for steps in STEPS:  # warm-up
                 await bench.ours(steps, 0)
             bench.results = Results()

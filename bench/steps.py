@@ -42,14 +42,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.usage import UsageLimits
+from pydantic_ai.usage import RequestUsage, UsageLimits
 
 import pg_bench  # PostgreSQL helpers, from this directory
 from inside_hooks import PostgresFloorHooks
@@ -70,15 +70,23 @@ TARGETS = {
 # --- the agent --------------------------------------------------------------------------------
 
 
-def make_agent(steps: int, capabilities: list[Any]) -> Agent[None, str]:
-    """`steps` model requests: `steps - 1` tool calls (2 KB results), then a text answer."""
+def make_agent(steps: int, capabilities: list[Any], *, given_usage: bool = False) -> Agent[None, str]:
+    """`steps` model requests: `steps - 1` tool calls (2 KB results), then a text answer.
+
+    `FunctionModel` estimates the usage of a response that carries none by splitting every message
+    of the history (pydantic-ai's own time per step grows with it); `given_usage` has the model
+    report a usage instead, as a real model does and as the peers' scripted models do.
+    """
+    usage = RequestUsage(input_tokens=1, output_tokens=1) if given_usage else RequestUsage()
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         del info
         done = sum(1 for message in messages if isinstance(message, ModelResponse))
         if done < steps - 1:
-            return ModelResponse(parts=[ToolCallPart('fetch', {'page': done}, tool_call_id=f'call-{done}')])
-        return ModelResponse(parts=[TextPart('done')])
+            return ModelResponse(
+                parts=[ToolCallPart('fetch', {'page': done}, tool_call_id=f'call-{done}')], usage=replace(usage)
+            )
+        return ModelResponse(parts=[TextPart('done')], usage=replace(usage))
 
     agent = Agent(FunctionModel(model), capabilities=capabilities)
 
