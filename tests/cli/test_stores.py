@@ -224,3 +224,23 @@ def test_a_server_lost_during_a_command_is_one_line_without_a_traceback_hint(
         'pydantic-ai-steps: error: lost the store: the PostgreSQL server named by dsn= could not be reached: '
         'ConnectionResetError\n'
     )
+
+
+class _PoolExhausted(StoreUnavailableError, TimeoutError):
+    """What a pool says when no connection became free in time: a timeout of its own."""
+
+
+class _Exhausted(InMemoryStepStore):
+    async def probe(self) -> Probe:
+        raise _PoolExhausted('no connection became free within 5 s (pool of 1)')
+
+
+def test_a_drivers_own_timeout_is_its_message_not_the_probe_deadline(
+    dict_scheme: _DictScheme, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dict_scheme.stores['busy'] = _Exhausted()
+    assert main(['runs', '--store', 'dictmem://busy']) == 1
+    assert capsys.readouterr().err == (
+        'pydantic-ai-steps: error: cannot reach the store at dictmem://busy: '
+        'no connection became free within 5 s (pool of 1)\n'
+    )

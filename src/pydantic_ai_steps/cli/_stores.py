@@ -7,6 +7,7 @@ import anyio
 
 from .._errors import StoreUnavailableError
 from ..media._protocol import MediaStore
+from ..store.backend import Probe
 from ..store.maintenance import CollectableMediaStore
 from ..store.protocol import ManagedStepStore
 from ..store.registry import StoreLocation, StoreUrlError, resolve, schemes_help
@@ -37,18 +38,19 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
         store = location.open()
     except StoreUrlError as error:
         raise CliError(str(error)) from None
+    probe: Probe | None = None
     try:
-        with anyio.fail_after(PROBE_SECONDS):
+        with anyio.move_on_after(PROBE_SECONDS):  # not `fail_after`: a driver's own TimeoutError says more
             probe = await store.probe()
-    except TimeoutError:
-        await store.aclose()
-        raise CliError(f'the store at {location.url} did not answer within {PROBE_SECONDS:g} s') from None
     except BaseException as error:
         await store.aclose()
         reason = unreachable(error)
         if reason is not None:
             raise CliError(f'cannot reach the store at {location.url}: {reason}') from None
         raise
+    if probe is None:
+        await store.aclose()
+        raise CliError(f'the store at {location.url} did not answer within {PROBE_SECONDS:g} s')
     if not probe.exists:
         await store.aclose()
         raise CliError(f'no store at {location.url}' + (f' ({probe.detail})' if probe.detail else ''))
