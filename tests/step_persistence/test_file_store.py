@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter
 from pydantic_ai_steps.step_persistence import (
     FileStepStore,
     InvalidRunIdError,
+    RunAlreadyExistsError,
     RunRecord,
     StepEvent,
     ToolEffectRecord,
@@ -99,6 +102,66 @@ async def test_ids_that_are_not_file_names_stay_inside_the_store(tmp_path: Path)
     folders = sorted(name for name in os.listdir(tmp_path / 'store') if name not in ('_index', 'media'))
     assert len(folders) == 7 and all(name.startswith('~') and len(name) == 65 for name in folders)
     assert len(await FileStepStore(tmp_path / 'store').list_runs()) == 7
+
+
+HASHED = re.compile(r'~[0-9a-f]{64}')
+
+
+async def test_windows_device_names_and_trailing_dots_get_folders_of_their_own(tmp_path: Path) -> None:
+    """`CON` opens a device on Windows and `a.` names `a`'s folder there: neither is a folder name."""
+    store = FileStepStore(tmp_path)
+    awkward = ('CON', 'nul.txt', 'Com1', 'lpt9.log', 'aux', 'a.')
+    plain = ('a', 'console', 'nully', 'com10', 'a.b', 'prn_1')
+    for run_id in (*awkward, *plain):
+        await store.register_run(RunRecord(run_id=run_id, started_at=T0))
+        await store.save_snapshot(snap(run_id, history(1)))
+    folders = {name for name in os.listdir(tmp_path) if name not in ('_index', 'media')}
+    assert set(plain) <= folders
+    hashed = folders - set(plain)
+    assert len(hashed) == len(awkward) and all(HASHED.fullmatch(name) for name in hashed)
+    reader = FileStepStore(tmp_path)
+    for run_id in (*awkward, *plain):
+        assert await reader.get_run(run_id=run_id) == RunRecord(run_id=run_id, started_at=T0)
+        latest = await reader.latest_snapshot(run_id=run_id)
+        assert latest is not None and dump(latest.messages) == dump(history(1))
+    assert sorted(run.run_id for run in await reader.list_runs()) == sorted((*awkward, *plain))
+
+
+async def test_a_run_an_earlier_release_kept_under_a_device_name_stays_in_its_folder(tmp_path: Path) -> None:
+    """Before device names were hashed, run `CON` lived in `CON/`: it reads, grows, lists and deletes there."""
+    store = FileStepStore(tmp_path)
+    await store.register_run(RunRecord(run_id='CON', started_at=T0))
+    await store.append_event(StepEvent(run_id='CON', kind='run_started', step_index=0, timestamp=T0))
+    await store.save_snapshot(snap('CON', history(1)))
+    (hashed,) = [name for name in os.listdir(tmp_path) if HASHED.fullmatch(name)]
+    os.rename(tmp_path / hashed, tmp_path / 'CON')  # the layout an earlier release wrote
+    reader = FileStepStore(tmp_path)
+    assert await reader.get_run(run_id='CON') == RunRecord(run_id='CON', started_at=T0)
+    assert [event.kind for event in await reader.list_events(run_id='CON')] == ['run_started']
+    await reader.append_event(StepEvent(run_id='CON', kind='run_completed', step_index=1, timestamp=T0))
+    await reader.save_snapshot(snap('CON', history(2), 2))
+    assert not (tmp_path / hashed).exists()  # written where the run already was
+    with pytest.raises(RunAlreadyExistsError):
+        await reader.register_run(RunRecord(run_id='CON'))
+    shutil.rmtree(tmp_path / '_index')  # the index is rebuilt from the folders
+    rebuilt = FileStepStore(tmp_path)
+    assert [run.run_id for run in await rebuilt.list_runs()] == ['CON']
+    latest = await rebuilt.latest_snapshot(run_id='CON')
+    assert latest is not None and dump(latest.messages) == dump(history(2))
+    assert [event.kind for event in await rebuilt.list_events(run_id='CON')] == ['run_started', 'run_completed']
+    assert await rebuilt.delete_run('CON') == ['CON']
+    assert not (tmp_path / 'CON').exists() and await FileStepStore(tmp_path).list_runs() == []
+
+
+async def test_a_folder_named_like_a_device_holding_another_run_is_not_taken_for_it(tmp_path: Path) -> None:
+    """Only a folder whose `run.json` names the run is the earlier layout's: anything else stays out."""
+    (tmp_path / 'nul').mkdir()
+    (tmp_path / 'nul' / 'run.json').write_text(json.dumps({'run_id': 'other'}))
+    store = FileStepStore(tmp_path)
+    assert await store.get_run(run_id='nul') is None
+    await store.register_run(RunRecord(run_id='nul', started_at=T0))
+    assert await FileStepStore(tmp_path).get_run(run_id='nul') == RunRecord(run_id='nul', started_at=T0)
+    assert json.loads((tmp_path / 'nul' / 'run.json').read_text()) == {'run_id': 'other'}
 
 
 # --- damaged data ------------------------------------------------------------------------------
@@ -412,7 +475,6 @@ async def test_reads_of_an_empty_location_create_nothing(tmp_path: Path) -> None
 
 
 async def test_a_run_folder_deleted_behind_the_store_is_not_written_again(tmp_path: Path) -> None:
-    import shutil
 
     from pydantic_ai_steps.step_persistence import RunNotFoundError
 

@@ -15,8 +15,9 @@ Layout under the store directory (SPEC section 4, plus the files that make it ch
 <dir>/media/                      the default DiskMediaStore
 ```
 
-`<run>` is the run id when it is a plain file name (`[A-Za-z0-9_.-]`, no `..`), else `~` and the
-id's SHA-256 (ids like `job:123`). A message-once snapshot file holds two numbers instead of its
+`<run>` is the run id when it is a plain file name on every system (`[A-Za-z0-9_.-]`, no `..`, no
+trailing `.`, not a Windows device name such as `CON`), else `~` and the id's SHA-256 (ids like
+`job:123`). A message-once snapshot file holds two numbers instead of its
 history (see `store.history`), so a boundary costs the same at step 500 as at step 5.
 """
 

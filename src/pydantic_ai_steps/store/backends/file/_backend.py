@@ -47,7 +47,7 @@ from ._io import (
     replace_file,
     write_exclusive,
 )
-from ._paths import run_dir_name
+from ._paths import run_dir
 from ._reads import FileReads, texts_in_folder
 from ._removal import remove_run_folders, remove_snapshot_files, rewrite_log_without
 from ._state import RunPaths, RunState
@@ -118,7 +118,7 @@ class FileBackend:
 
     def _register(self, row: Row) -> None:
         run_id = row['run_id']
-        paths = RunPaths(self._root / run_dir_name(run_id))
+        paths = RunPaths(run_dir(self._root, run_id))
         if paths.run.exists():
             raise RunAlreadyExistsError(run_id)
         if not self._root.exists():
@@ -359,9 +359,9 @@ class FileBackend:
         with self._runs_lock:
             state = self._runs.get(run_id)
             if state is None:
-                run_dir = self._root / run_dir_name(run_id)
-                check_directory(run_dir, 'run folder')
-                state = self._runs[run_id] = RunState(RunPaths(run_dir))
+                folder = run_dir(self._root, run_id)
+                check_directory(folder, 'run folder')
+                state = self._runs[run_id] = RunState(RunPaths(folder))
                 while len(self._runs) > _MAX_CACHED_RUNS:
                     self._runs.popitem(last=False)
             else:

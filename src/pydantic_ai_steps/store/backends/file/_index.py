@@ -33,7 +33,7 @@ from ...backend import Damaged
 from ...codec import Row
 from .._offload import held
 from ._io import Tail, append_locked, json_object, line, logger, read_bytes, write_exclusive
-from ._paths import INDEX_DIR, INDEX_FILE, RUN_FILE, is_run_dir_name, run_dir_name
+from ._paths import INDEX_DIR, INDEX_FILE, RUN_FILE, folder_names, is_run_dir_name, run_dir
 
 
 class RunIndex:
@@ -147,10 +147,10 @@ class RunIndex:
         if row is not None:
             return row
         lines = self._lines.get(run_id) or [self._noticed[run_id]]
-        run_dir = self._root / run_dir_name(run_id)
-        run_file = run_dir / RUN_FILE
+        folder = run_dir(self._root, run_id)
+        run_file = folder / RUN_FILE
         try:
-            if not check_directory(run_dir, 'run folder'):
+            if not check_directory(folder, 'run folder'):
                 return None
             if len(lines) == 1 and (run_id in self._registered_here or check_file(run_file, 'run record')):
                 row = lines[0]
@@ -254,7 +254,7 @@ class RunIndex:
                 return
         self._seen_mtime = mtime
         self._by_field = None
-        known = {run_dir_name(run_id) for run_id in self._lines} | {run_dir_name(run_id) for run_id in self._noticed}
+        known = {name for run_id in (*self._lines, *self._noticed) for name in folder_names(run_id)}
         self._unreadable = {}
         try:
             entries = list(os.scandir(self._root))
@@ -273,7 +273,7 @@ class RunIndex:
                 self._unreadable[entry.name] = Damaged(f'run record {run_file}', str(error))  # the kernel warns
                 continue
             run_id = row.get('run_id')
-            if isinstance(run_id, str) and run_dir_name(run_id) == entry.name:
+            if isinstance(run_id, str) and entry.name in folder_names(run_id):
                 self._noticed[run_id] = row
 
     def _create(self) -> None:

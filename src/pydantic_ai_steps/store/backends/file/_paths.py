@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+from pathlib import Path
 
 from ...._errors import is_file_safe
+from ._io import json_object, read_bytes
 
 INDEX_DIR = '_index'
 INDEX_FILE = 'runs.jsonl'
@@ -23,17 +26,53 @@ SNAPSHOTS_DIR = 'snapshots'
 HASHED_PREFIX = '~'
 """Names the folder of a run whose id is not a plain file name: `~` + the id's SHA-256."""
 _HASHED = re.compile(r'~[0-9a-f]{64}')
+_WINDOWS_DEVICE = re.compile(r'(con|prn|aux|nul|com[0-9]|lpt[0-9])(\..*)?', re.IGNORECASE)
+"""Names Windows gives to devices, with any extension (`nul.txt` is the device too)."""
 
 
 def run_dir_name(run_id: str) -> str:
-    """The folder of a run: the id itself when it is a plain file name, else `~<sha256 of the id>`.
+    """The folder of a run: the id itself when it is a plain file name everywhere, else `~<sha256 of the id>`.
 
-    Ids such as `job:123` or `a/b` are valid for every store but not as file names everywhere;
-    the real id is always in the folder's `run.json`.
+    Ids such as `job:123`, `a/b`, `CON` or `a.` are valid for every store but not file names on
+    every system (Windows opens a device for `CON` and drops a trailing dot, so `a.` would be
+    `a`'s folder); the real id is always in the folder's `run.json`.
     """
-    if is_file_safe(run_id):
+    if _is_plain_everywhere(run_id):
         return run_id
     return HASHED_PREFIX + hashlib.sha256(run_id.encode('utf-8', 'surrogatepass')).hexdigest()
+
+
+def run_dir(root: Path, run_id: str) -> Path:
+    """The folder of a run under `root`, including one an earlier release named after a device
+    name or an id with a trailing dot (it used the id itself): kept there, and found, so such a
+    run stays where it was written."""
+    name = run_dir_name(run_id)
+    if name != run_id and is_file_safe(run_id) and not os.path.lexists(root / name):
+        earlier = root / run_id
+        if registered_id(earlier) == run_id:
+            return earlier
+    return root / name
+
+
+def folder_names(run_id: str) -> tuple[str, ...]:
+    """The names a run's folder may have: `run_dir_name`, and the id itself where an earlier
+    release used it (see `run_dir`)."""
+    name = run_dir_name(run_id)
+    return (name, run_id) if name != run_id and is_file_safe(run_id) else (name,)
+
+
+def registered_id(folder: Path) -> str | None:
+    """The run id a folder's `run.json` names; `None` when it cannot tell (no such folder, or a
+    registration cut short)."""
+    try:
+        found = json_object(read_bytes(folder / RUN_FILE)).get('run_id')
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, str) else None
+
+
+def _is_plain_everywhere(run_id: str) -> bool:
+    return is_file_safe(run_id) and not run_id.endswith('.') and _WINDOWS_DEVICE.fullmatch(run_id) is None
 
 
 def is_run_dir_name(name: str) -> bool:

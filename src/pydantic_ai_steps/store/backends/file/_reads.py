@@ -13,7 +13,7 @@ from ...backend import Damaged, LogEntry, LogSlice, Probe, Row, SnapshotRow
 from ._formats import parse_log_line, read_snapshot_file, snapshot_seqs
 from ._index import RunIndex
 from ._io import json_object, last_line, logger, read_bytes, read_lines
-from ._paths import EVENTS_FILE, INDEX_DIR, SNAPSHOTS_DIR, STATUS_FILE, is_run_dir_name, run_dir_name
+from ._paths import EVENTS_FILE, INDEX_DIR, SNAPSHOTS_DIR, STATUS_FILE, is_run_dir_name, run_dir
 from ._state import REMOVED_PREFIX, RunPaths
 
 _CLOSING = {'run_completed': 'completed', 'run_failed': 'failed'}
@@ -54,12 +54,12 @@ class FileReads:
         run_id = row.get('run_id')
         if not isinstance(run_id, str):
             return row
-        run_dir = self._root / run_dir_name(run_id)  # two files, not all of `RunPaths`: once per listed run
+        folder = run_dir(self._root, run_id)  # two files, not all of `RunPaths`: once per listed run
         with contextlib.suppress(OSError, ValueError):
-            closed = json_object(read_bytes(run_dir / STATUS_FILE))
+            closed = json_object(read_bytes(folder / STATUS_FILE))
             if closed.get('status') in ('completed', 'failed'):
                 return {**row, 'status': closed['status'], 'ended_at': closed.get('ended_at')}
-        path = run_dir / EVENTS_FILE
+        path = folder / EVENTS_FILE
         try:
             info = os.lstat(path)
             stamp = (info.st_ino, info.st_size)
@@ -139,8 +139,8 @@ class FileReads:
 
     def _paths(self, run_id: str) -> RunPaths | None:
         """The run's files, if its folder is there and safe to read: one check for every read of a run."""
-        run_dir = self._root / run_dir_name(run_id)
-        return RunPaths(run_dir) if _is_safe(run_dir, 'run folder') else None
+        folder = run_dir(self._root, run_id)
+        return RunPaths(folder) if _is_safe(folder, 'run folder') else None
 
     def run_folders(self) -> list[str]:
         try:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ...._files import UnsafeEntryError, check_directory, ensure_directory, fsync_dir
-from ._io import append_locked, json_object, line, logger, read_bytes, read_lines, replace_file
-from ._paths import INDEX_DIR, RUN_FILE, TRASH_DIR, run_dir_name
+from ._io import append_locked, json_object, line, logger, read_lines, replace_file
+from ._paths import INDEX_DIR, TRASH_DIR, registered_id, run_dir
 from ._state import LOG_PREFIX, REMOVED_PREFIX, RunState
 
 
@@ -30,22 +30,22 @@ def remove_run_folders(
     trash: Path | None = None
     removed: list[str] = []
     for run_id in run_ids:
-        run_dir = root / run_dir_name(run_id)
+        folder = run_dir(root, run_id)
         try:
-            if not check_directory(run_dir, 'run folder'):
+            if not check_directory(folder, 'run folder'):
                 continue
         except UnsafeEntryError:
-            logger.warning('not deleting %s: it is not a folder this store made', run_dir)
+            logger.warning('not deleting %s: it is not a folder this store made', folder)
             continue
-        holder = _registered_id(run_dir)
+        holder = registered_id(folder)
         if holder is not None and holder != run_id:  # a case-insensitive file system folds `Run1` and `run1`
-            logger.warning('not deleting %s for run %r: it holds run %r', run_dir, run_id, holder)
+            logger.warning('not deleting %s for run %r: it holds run %r', folder, run_id, holder)
             continue
         if trash is None:  # checked before the first rename: an unsafe trash stops the call, nothing moved
             trash = _emptied_trash(root)
         target = trash / uuid.uuid4().hex
         try:
-            os.rename(run_dir, target)
+            os.rename(folder, target)
         except FileNotFoundError:
             continue
         removed.append(run_id)
@@ -54,15 +54,6 @@ def remove_run_folders(
     if durable and removed:
         fsync_dir(root)
     return removed
-
-
-def _registered_id(run_dir: Path) -> str | None:
-    """The run id a folder's `run.json` names; `None` when it cannot tell (a registration cut short)."""
-    try:
-        found = json_object(read_bytes(run_dir / RUN_FILE)).get('run_id')
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, str) else None
 
 
 def _emptied_trash(root: Path) -> Path:
