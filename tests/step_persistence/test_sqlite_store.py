@@ -17,6 +17,7 @@ from pydantic_ai_steps.step_persistence import (
     StepEvent,
     ToolEffectRecord,
 )
+from pydantic_ai_steps.store.backends import _offload as offload_module
 from pydantic_ai_steps.store.backends.sqlite import _connection as sqlite_module
 from pydantic_ai_steps.testing.step_store import T0, dump
 
@@ -104,17 +105,22 @@ async def test_durable_chooses_the_synchronous_level(tmp_path: Path, durable: bo
     store.close()
 
 
-async def test_a_durable_store_sets_its_busy_timeout_once(tmp_path: Path) -> None:
-    """Every call of a durable store waits on a worker: no two PRAGMAs per call to switch the timeout."""
+@pytest.mark.parametrize(('limit', 'waits_ms'), [(10.0, 0), (0.0, 30_000)], ids=['fast disk', 'slow disk'])
+async def test_a_durable_store_sets_no_busy_timeout_per_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: float, waits_ms: int
+) -> None:
+    """Its calls stay on the loop (timeout 0) or on workers (30 s): no two PRAGMAs a call to switch."""
+    monkeypatch.setattr(offload_module.FlushTimer, 'LIMIT', limit)
     store = SqliteStepStore(database=tmp_path / 's.db', media_store=None, durable=True)
     await store.register_run(RunRecord(run_id='r'))
+    await store.save_snapshot(snap('r', history(1), 1))  # a slow disk: the first commit measured
     conn = store.backend._connection  # type: ignore[attr-defined]  # pyright: ignore
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
-    for step in (1, 2, 3):
+    for step in (2, 3, 4):
         await store.save_snapshot(snap('r', history(step), step))
     assert statements and not [text for text in statements if 'busy_timeout' in text]
-    assert conn.execute('PRAGMA busy_timeout').fetchone()[0] == 30_000
+    assert conn.execute('PRAGMA busy_timeout').fetchone()[0] == waits_ms
     store.close()
 
 

@@ -6,8 +6,11 @@ microseconds). Handing each to a worker thread costs more than the work: two thr
 tried *on the event loop* in a mode where they may not wait for anything (`run_soon`): every
 lock they would wait on (a thread lock, `flock`, SQLite's write lock) is only tried, and if one
 is taken the attempt raises `WouldBlock` before it has written anything, and the call goes to a
-worker thread instead, where waiting is harmless. A call that must flush to disk (`durable`
-stores) goes to a worker at once. Either way the loop never waits on another writer.
+worker thread instead, where waiting is harmless. Either way the loop never waits on another
+writer. A call that must flush to disk (`durable` stores) is tried there too while the store's
+flushes are measured to take no longer than `FlushTimer.LIMIT`: a hand-off costs the run about as
+much (two thread wake-ups and the loop's turns between them), and a disk that is slower than that
+sends them to a worker, so a slow disk never holds the loop up for long.
 
 The worker hand-off (`run_blocking`): on asyncio a small pool of long-lived worker threads fed
 through a `SimpleQueue`, waking the loop with `call_soon_threadsafe` (cheaper than
@@ -66,6 +69,26 @@ def held(lock: threading.Lock) -> Generator[None]:
         yield
     finally:
         lock.release()
+
+
+class FlushTimer:
+    """How long a store's flushing calls take lately (a moving average), and so where they run."""
+
+    LIMIT = 0.001
+    """Seconds a flushing call may hold the event loop (see `docs/design.md`: a hand-off to a worker
+    and back cost a running agent 0.3-0.4 ms)."""
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+
+    @property
+    def fits_the_loop(self) -> bool:
+        return self._seconds <= self.LIMIT
+
+    def measured(self, seconds: float) -> None:
+        """One more flushing call took `seconds`: a single slow one moves the calls to a worker,
+        and a few fast ones bring them back."""
+        self._seconds += (seconds - self._seconds) / 4
 
 
 _Job = tuple[asyncio.AbstractEventLoop, 'asyncio.Future[Any]', Callable[..., Any], tuple[Any, ...]]

@@ -7,19 +7,21 @@ every call holds the backend's lock while it uses it. Writers in other processes
 by SQLite itself (`BEGIN IMMEDIATE`, 30 s busy timeout); WAL lets readers run alongside.
 
 Calls are tried on the event loop first (`_offload.run_soon`): the connection's busy timeout is 0
-there, so a write lock held elsewhere raises at once and the call moves to a worker thread.
+there, so a write lock held elsewhere raises at once and the call moves to a worker thread. A
+durable store's calls are tried there too while its commits stay fast (`_offload.FlushTimer`).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import TypeVar
 
 from ...._sqlite import BackgroundCheckpointer, enable_wal, open_database, write_transaction
-from .._offload import WouldBlock, acquire, may_wait, run_blocking, run_soon
+from .._offload import FlushTimer, WouldBlock, acquire, may_wait, run_blocking, run_soon
 from ._schema import SCHEMA_VERSION, Columns, check_readable, migrate, schema_version
 
 _R = TypeVar('_R')
@@ -56,6 +58,8 @@ class SqliteConnection:
         """Whether the own connection waits for a held write lock (it must not on the event loop)."""
         self._wal_too_long = False
         self._checkpointer = BackgroundCheckpointer.for_database(database, 'pydantic-ai-steps-checkpoint')
+        self._commits = FlushTimer() if durable else None
+        """A durable store's write calls, each waiting for the disk: timed, to know where they run."""
 
     @property
     def database(self) -> str | None:
@@ -83,12 +87,25 @@ class SqliteConnection:
     async def _run(self, body: Callable[[sqlite3.Connection], _R], *, write: bool = False, inline: bool = True) -> _R:
         """Run `body` on the connection: tried on the event loop first when `inline` (see `_offload`).
 
-        Only the store's own connection is tried there, and not when `durable` (each commit then
-        waits for the disk). A caller's `connection=` keeps whatever busy timeout the caller set,
-        so its calls always go to a worker.
+        Only the store's own connection is tried there, and a durable one's only while its commits
+        fit the loop. A caller's `connection=` keeps whatever busy timeout the caller set, so its
+        calls always go to a worker.
         """
-        inline = inline and self._owns_connection and not self.durable
+        inline = inline and self._owns_connection and self._loop_may_flush
         return await run_soon(self._locked, body, write, inline=inline)
+
+    @property
+    def _loop_may_flush(self) -> bool:
+        return self._commits is None or self._commits.fits_the_loop
+
+    def _timed(self, body: Callable[[sqlite3.Connection], _R], conn: sqlite3.Connection, write: bool) -> _R:
+        if self._commits is None or not write:
+            return body(conn)
+        start = time.perf_counter()
+        try:
+            return body(conn)
+        finally:
+            self._commits.measured(time.perf_counter() - start)
 
     def _locked(self, body: Callable[[sqlite3.Connection], _R], write: bool) -> _R:
         acquire(self.lock)
@@ -112,11 +129,11 @@ class SqliteConnection:
                 self._checkpointer.wait()  # a running checkpoint would make this one give up at once
                 conn.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchall()
                 self._wal_too_long = False
-            return body(conn)
+            return self._timed(body, conn, write)
         finally:
             # The event loop's calls need a busy timeout of 0 (see `_without_waiting`); a durable
-            # store never makes any, so its connection keeps the timeout between calls.
-            if not self.durable:
+            # store whose commits do not fit the loop makes none, so its connection keeps the timeout.
+            if self._loop_may_flush:
                 conn.execute('PRAGMA busy_timeout = 0')
                 self._busy_timeout_set = False
             self._checkpoint_when_due()
@@ -133,7 +150,7 @@ class SqliteConnection:
         ):
             raise WouldBlock  # opening, migrating and a checkpoint on this connection are a worker's job
         try:
-            return body(conn)
+            return self._timed(body, conn, write)
         except sqlite3.OperationalError as error:
             if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
                 raise
