@@ -27,11 +27,18 @@ class StepsError(Exception):
 class RunAlreadyExistsError(StepsError, ValueError):
     """A run id was registered twice. Every backend raises this same error."""
 
-    def __init__(self, run_id: str) -> None:
-        super().__init__(
-            f'run_id {run_id!r} is already in the store; a run_id names exactly one run. '
-            'Pass conversation_id= to Agent.run to group turns instead of reusing a run_id.'
-        )
+    def __init__(self, run_id: str, *, folded_into: str | None = None) -> None:
+        if folded_into is None:
+            message = (
+                f'run_id {run_id!r} is already in the store; a run_id names exactly one run. '
+                'Pass conversation_id= to Agent.run to group turns instead of reusing a run_id.'
+            )
+        else:  # the File store on a file system that does not tell letter case apart
+            message = (
+                f'run_id {run_id!r} cannot be stored here: this file system does not tell letter case apart, '
+                f'so its folder is the one of run {folded_into!r}; use a run_id that differs by more than case'
+            )
+        super().__init__(message)
         self.run_id = run_id
 
 

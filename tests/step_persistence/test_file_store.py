@@ -164,6 +164,19 @@ async def test_a_folder_named_like_a_device_holding_another_run_is_not_taken_for
     assert json.loads((tmp_path / 'nul' / 'run.json').read_text()) == {'run_id': 'other'}
 
 
+async def test_an_id_a_case_blind_file_system_folds_into_another_run_says_so(tmp_path: Path) -> None:
+    """Where `run1` opens `Run1`'s folder (macOS, Windows), the refusal names the run it collided with."""
+    store = FileStepStore(tmp_path)
+    await store.register_run(RunRecord(run_id='Run1', started_at=T0))
+    os.rename(tmp_path / 'Run1', tmp_path / 'run1')  # what `run1` opens on such a file system
+    with pytest.raises(RunAlreadyExistsError, match="its folder is the one of run 'Run1'"):
+        await FileStepStore(tmp_path).register_run(RunRecord(run_id='run1'))
+    assert json.loads((tmp_path / 'run1' / 'run.json').read_text())['run_id'] == 'Run1'  # left as it was
+    await store.register_run(RunRecord(run_id='r2'))
+    with pytest.raises(RunAlreadyExistsError, match='is already in the store'):  # a plain repeat
+        await store.register_run(RunRecord(run_id='r2'))
+
+
 # --- damaged data ------------------------------------------------------------------------------
 
 

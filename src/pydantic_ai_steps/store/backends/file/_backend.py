@@ -47,7 +47,7 @@ from ._io import (
     replace_file,
     write_exclusive,
 )
-from ._paths import run_dir
+from ._paths import registered_id, run_dir
 from ._reads import FileReads, texts_in_folder
 from ._removal import remove_run_folders, remove_snapshot_files, rewrite_log_without
 from ._state import RunPaths, RunState
@@ -120,7 +120,8 @@ class FileBackend:
         run_id = row['run_id']
         paths = RunPaths(run_dir(self._root, run_id))
         if paths.run.exists():
-            raise RunAlreadyExistsError(run_id)
+            holder = registered_id(paths.run_dir)
+            raise RunAlreadyExistsError(run_id, folded_into=holder if holder not in (None, run_id) else None)
         if not self._root.exists():
             make_dir(self._root)
         created = ensure_directory(paths.run_dir, 'run folder')
