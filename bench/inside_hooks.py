@@ -7,7 +7,7 @@ same work without that noise. And a floor replayed in a tight loop outside any a
 warm caches: SQLite's pages, the allocator and the CPU caches are all cold again after the
 megabytes pydantic-ai allocates between two of our writes. `FloorHooks` runs inside the agent
 instead, at the points where ours writes: the transactions a run of ours issued (captured with
-`peers.RecordingConnection`, texts and all) on a raw `sqlite3` connection, one per write, and
+`sqlite_floor.RecordingConnection`, texts and all) on a raw `sqlite3` connection, one per write, and
 the serialization of each cycle's new messages with pydantic-ai's adapter.
 """
 
@@ -31,7 +31,7 @@ from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.store.history import message_to_json
 
 if TYPE_CHECKING:
-    from peers import Statement
+    from sqlite_floor import Statement
 
 
 # --- the empty capability: pydantic-ai's own dispatch of our hooks -----------------------------

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from inside_hooks import EmptyHooks
-from peers import RecordingConnection, Statement, make_template, open_store, record_store
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import SqliteStepStore
+from sqlite_floor import RecordingConnection, Statement, make_template, open_store, record_store
 from steps import UNLIMITED, make_agent  # the benchmark agent, from this directory
 
 STEPS = (100, 400)
