@@ -199,10 +199,7 @@ async def test_sqlite_store_checkpoints_its_wal_on_a_thread_of_its_own(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize('kind', ['file'])
-async def test_durable_stores_never_write_on_the_loop(
-    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_durable_file_store_never_writes_on_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A durable File store flushes several files a call: never on the event loop."""
     loop_thread = threading.get_ident()
     threads: set[int] = set()
@@ -213,11 +210,7 @@ async def test_durable_stores_never_write_on_the_loop(
         real_fsync(fd)
 
     monkeypatch.setattr(os, 'fsync', spying_fsync)
-    store = (
-        FileStepStore(tmp_path / 'steps', durable=True)
-        if kind == 'file'
-        else SqliteStepStore(database=tmp_path / 's.db', durable=True)
-    )
+    store = FileStepStore(tmp_path / 'steps', durable=True)
     calls_here: list[str] = []
     real_soon = offload_module.run_soon
 
@@ -226,7 +219,7 @@ async def test_durable_stores_never_write_on_the_loop(
             calls_here.append(getattr(function, '__name__', '?'))
         return await real_soon(function, *args, inline=inline)
 
-    monkeypatch.setattr(file_module if kind == 'file' else sqlite_module, 'run_soon', watching)
+    monkeypatch.setattr(file_module, 'run_soon', watching)
     await store.register_run(RunRecord(run_id='r'))
     await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
     await store.save_snapshot(make_snapshot('r', tool_cycle()))

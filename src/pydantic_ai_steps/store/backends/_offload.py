@@ -75,8 +75,8 @@ class FlushTimer:
     """How long a store's flushing calls take lately (a moving average), and so where they run."""
 
     LIMIT = 0.001
-    """Seconds a flushing call may hold the event loop (see `docs/design.md`: a hand-off to a worker
-    and back cost a running agent 0.3-0.4 ms)."""
+    """Seconds a flushing call may hold the event loop: about what a hand-off to a worker and back
+    costs a running agent (measured in `docs/design.md`)."""
 
     def __init__(self) -> None:
         self._seconds = 0.0

@@ -46,11 +46,9 @@ def run_dir(root: Path, run_id: str) -> Path:
     """The folder of a run under `root`, including one an earlier release named after a device
     name or an id with a trailing dot (it used the id itself): kept there, and found, so such a
     run stays where it was written."""
-    name = run_dir_name(run_id)
-    if name != run_id and is_file_safe(run_id) and not os.path.lexists(root / name):
-        earlier = root / run_id
-        if registered_id(earlier) == run_id:
-            return earlier
+    name, *earlier = folder_names(run_id)
+    if earlier and not os.path.lexists(root / name) and registered_id(root / earlier[0]) == run_id:
+        return root / earlier[0]
     return root / name
 
 
