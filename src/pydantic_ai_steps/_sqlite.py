@@ -116,25 +116,26 @@ def enable_wal(connection: sqlite3.Connection, *, timeout: float = 30.0) -> None
             delay = min(delay * 2, 0.2)
 
 
-_PASSES = 8
-"""At most this many passes of one background checkpoint (see `checkpoint_caught_up`)."""
+RESTART_WAIT_MS = 20
+"""How long a background checkpoint's `RESTART` may hold new writers up waiting for a reader."""
 
 
 def checkpoint_caught_up(connection: sqlite3.Connection) -> None:
-    """PASSIVE checkpoints until one finds no frame a writer added during the pass before.
+    """A `PASSIVE` pass, then a `RESTART` that makes the next write start the WAL over.
 
     SQLite starts the WAL over (and `journal_size_limit` trims it) only at a write that begins
-    with every frame copied. A pass copies the frames there were when it began, so a writer
-    committing while it ran leaves a few behind, no write starts the WAL over, and it keeps
-    growing until something truncates it on the writer's own path. The second pass copies those
-    few in a fraction of the first one's time.
+    with every frame copied. A `PASSIVE` pass copies the frames there were when it began without
+    holding anyone up, so a writer committing while it ran leaves a few behind, no write starts the
+    WAL over, and it keeps growing until something truncates it on the writer's own path. The
+    `RESTART` copies those few while new writers wait (a store's writer waits on a worker thread),
+    and waits at most `RESTART_WAIT_MS` for readers. Skipped when the pass could not copy every
+    frame: a reader holds them, and would hold the writers up for all of that time.
     """
-    seen = -1
-    for _ in range(_PASSES):
-        busy, frames, copied = connection.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchone()
-        if busy or copied < frames or frames == seen:
-            return  # a reader holds frames back, or no writer added any since the last pass
-        seen = frames
+    busy, frames, copied = connection.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchone()
+    if busy or copied < frames:
+        return
+    connection.execute(f'PRAGMA busy_timeout = {RESTART_WAIT_MS}')
+    connection.execute('PRAGMA wal_checkpoint(RESTART)').fetchone()
 
 
 class BackgroundCheckpointer:

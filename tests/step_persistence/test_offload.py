@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from pydantic_ai_steps import _sqlite as shared_sqlite
 from pydantic_ai_steps.step_persistence import FileStepStore, RunRecord, SqliteStepStore, StepEvent, ToolEffectRecord
 from pydantic_ai_steps.store.backends import _offload as offload_module
 from pydantic_ai_steps.store.backends._offload import held, run_blocking, run_soon
@@ -177,21 +178,19 @@ async def test_sqlite_store_checkpoints_its_wal_on_a_thread_of_its_own(
     store = SqliteStepStore(database=tmp_path / 's.db')
     await store.register_run(RunRecord(run_id='r'))
     checkpoints: list[str] = []
-    checkpointer = store.backend._checkpointer  # type: ignore[attr-defined]  # pyright: ignore
-    assert checkpointer is not None
-    real_request = checkpointer.request
+    real_checkpoint = shared_sqlite.checkpoint_caught_up
 
-    def request() -> None:
+    def checkpoint(connection: sqlite3.Connection) -> None:
         checkpoints.append(threading.current_thread().name)
-        real_request()
+        real_checkpoint(connection)
 
-    checkpointer.request = request  # type: ignore[method-assign]
+    monkeypatch.setattr(shared_sqlite, 'checkpoint_caught_up', checkpoint)
     wal = tmp_path / 's.db-wal'
     largest = 0
-    for index in range(2000):  # writing flat out: the background checkpoints alone cannot catch up
+    for index in range(2000):  # writing flat out
         await store.append_event(StepEvent(run_id='r', kind='model_request_started', step_index=index))
         largest = max(largest, wal.stat().st_size)
-    assert checkpoints and set(checkpoints) == {threading.current_thread().name}  # asked for, never waited on
+    assert checkpoints and set(checkpoints) == {'pydantic-ai-steps-checkpoint'}  # never on the writer's path
     # Without checkpoints the WAL grows ~3 pages a commit (24 MB here); it stays near the limit.
     assert 0 < largest < 8 * 1024 * 1024
     assert len(await store.list_events(run_id='r')) == 2000
