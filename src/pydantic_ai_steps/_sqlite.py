@@ -139,13 +139,14 @@ def checkpoint_caught_up(connection: sqlite3.Connection) -> None:
 
 
 class BackgroundCheckpointer:
-    """Runs `PRAGMA wal_checkpoint(PASSIVE)` on a thread of its own, through a connection of its own.
+    """Runs `checkpoint_caught_up` on a thread of its own, through a connection of its own.
 
     A checkpoint copies the WAL into the database file and flushes both to disk: milliseconds
     on a busy disk. SQLite runs it inside whichever commit crosses `wal_autocheckpoint`, so a
-    store that turns that off and asks for a checkpoint here keeps its commits short. PASSIVE
-    never waits for, nor blocks, other connections; a checkpoint that fails or cannot finish
-    costs nothing, the next one catches up. At most one thread runs, until nothing more is asked.
+    store that turns that off and asks for a checkpoint here keeps its commits short. Its bulk
+    (the `PASSIVE` pass) never waits for, nor blocks, other connections; only the short `RESTART`
+    after it holds new writers up. A checkpoint that fails or cannot finish costs nothing, the
+    next one catches up. At most one thread runs, until nothing more is asked.
     """
 
     @classmethod
