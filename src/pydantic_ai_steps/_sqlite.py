@@ -116,8 +116,10 @@ def enable_wal(connection: sqlite3.Connection, *, timeout: float = 30.0) -> None
             delay = min(delay * 2, 0.2)
 
 
-RESTART_WAIT_MS = 20
-"""How long a background checkpoint's `RESTART` may hold new writers up waiting for a reader."""
+READER_WAIT_MS = 20
+"""How long a checkpoint that starts the WAL over (`RESTART`, `TRUNCATE`) waits for readers: it
+holds its caller (and a `RESTART` new writers) up meanwhile, and a reader in another process that
+reads again and again could keep it waiting for the whole busy timeout."""
 
 
 def checkpoint_caught_up(connection: sqlite3.Connection) -> None:
@@ -128,14 +130,28 @@ def checkpoint_caught_up(connection: sqlite3.Connection) -> None:
     holding anyone up, so a writer committing while it ran leaves a few behind, no write starts the
     WAL over, and it keeps growing until something truncates it on the writer's own path. The
     `RESTART` copies those few while new writers wait (a store's writer waits on a worker thread),
-    and waits at most `RESTART_WAIT_MS` for readers. Skipped when the pass could not copy every
+    and waits at most `READER_WAIT_MS` for readers. Skipped when the pass could not copy every
     frame: a reader holds them, and would hold the writers up for all of that time.
     """
     busy, frames, copied = connection.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchone()
     if busy or copied < frames:
         return
-    connection.execute(f'PRAGMA busy_timeout = {RESTART_WAIT_MS}')
+    connection.execute(f'PRAGMA busy_timeout = {READER_WAIT_MS}')
     connection.execute('PRAGMA wal_checkpoint(RESTART)').fetchone()
+
+
+def truncate_wal(connection: sqlite3.Connection, *, busy_timeout_ms: int) -> None:
+    """Truncate the WAL on a writer's own connection, waiting at most `READER_WAIT_MS` for readers,
+    then give the connection its busy timeout back. One that cannot finish leaves the WAL long
+    until a later try: the write it precedes goes on either way."""
+    connection.execute(f'PRAGMA busy_timeout = {READER_WAIT_MS}')
+    try:
+        connection.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchall()
+    except sqlite3.OperationalError as error:
+        if error.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            raise
+    finally:
+        connection.execute(f'PRAGMA busy_timeout = {busy_timeout_ms}')
 
 
 class BackgroundCheckpointer:

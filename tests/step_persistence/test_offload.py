@@ -6,6 +6,8 @@ import fcntl
 import os
 import sqlite3
 import threading
+import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -257,4 +259,34 @@ async def test_a_durable_sqlite_store_commits_on_the_loop_only_while_its_commits
     assert conn.execute('PRAGMA busy_timeout').fetchone()[0] == 0  # a call on the loop must not wait
     latest = await SqliteStepStore(database=tmp_path / 's.db').latest_snapshot(run_id='r')
     assert latest is not None and dump(latest.messages) == dump(tool_cycle(prompt='p9'))
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_a_wal_past_its_limit_is_truncated_without_waiting_for_a_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader in another process that reads again and again can keep the WAL in use for as long
+    as it runs; the write that found the WAL too long must not wait for it (it would for the whole
+    busy timeout, holding every run of the store up)."""
+    monkeypatch.setattr(sqlite_module, 'WAL_LIMIT_BYTES', 0)  # every checkpoint check finds the WAL too long
+    monkeypatch.setattr(sqlite_module, '_BUSY_TIMEOUT_MS', 8_000)
+    store = SqliteStepStore(database=tmp_path / 's.db', media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
+    backend: Any = store.backend
+    written = 0
+    while not backend._wal_too_long:  # the next write truncates
+        assert written < 2 * sqlite_module._CHECKPOINT_EVERY  # pyright: ignore[reportPrivateUsage]
+        await store.append_event(StepEvent(run_id='r', kind='model_request_started', step_index=written))
+        written += 1
+    with closing(sqlite3.connect(tmp_path / 's.db', isolation_level=None)) as reader:
+        reader.execute('BEGIN')
+        assert reader.execute('SELECT count(*) FROM events').fetchone()[0] == written
+        start = time.monotonic()
+        await store.append_event(StepEvent(run_id='r', kind='run_completed', step_index=99))
+        waited = time.monotonic() - start
+        reader.execute('COMMIT')
+    assert waited < 4, f'the write waited {waited:.1f} s for the reader'
+    assert not backend._wal_too_long  # tried, and given up on until the next check
+    assert len(await store.list_events(run_id='r')) == written + 1
     store.close()

@@ -20,7 +20,7 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from ...._sqlite import BackgroundCheckpointer, enable_wal, open_database, write_transaction
+from ...._sqlite import BackgroundCheckpointer, enable_wal, open_database, truncate_wal, write_transaction
 from .._offload import FlushTimer, WouldBlock, acquire, may_wait, run_blocking, run_soon
 from ._schema import SCHEMA_VERSION, Columns, check_readable, migrate, schema_version
 
@@ -127,8 +127,8 @@ class SqliteConnection:
         try:
             if self._wal_too_long and self._checkpointer is not None:
                 self._checkpointer.wait()  # a running checkpoint would make this one give up at once
-                conn.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchall()
                 self._wal_too_long = False
+                truncate_wal(conn, busy_timeout_ms=_BUSY_TIMEOUT_MS)
             return self._timed(body, conn, write)
         finally:
             # The event loop's calls need a busy timeout of 0 (see `_without_waiting`); a durable
