@@ -10,10 +10,10 @@ run missing, log moved) is raised inside it, so nothing the statement did stays.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from datetime import datetime
 from typing import Any, TypeVar
+
+from pydantic_core import PydanticSerializationError, to_json
 
 from ...._errors import InvalidRecordError, RunAlreadyExistsError, RunNotFoundError
 from ...._records import RunQuery
@@ -405,17 +405,18 @@ def _latest_per_call(effects: Sequence[Row]) -> Sequence[Row]:
 
 
 def _json_rows(rows: Sequence[Row]) -> str | None:
-    """Rows as one JSON array for `json_populate_recordset` (times as ISO 8601 text); `None` for none."""
-    return _ROWS_ENCODER.encode(rows) if rows else None
+    """Rows as one JSON array for `json_populate_recordset` (times as ISO 8601 text); `None` for none.
 
-
-def _iso_time(value: object) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f'a {type(value).__name__} in a record row: {value!r}')
-
-
-_ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(',', ':'), default=_iso_time)
+    The text only carries the rows to the server, which parses it: no stored spelling depends on it.
+    """
+    if not rows:
+        return None
+    try:
+        return to_json(rows).decode()
+    except PydanticSerializationError as error:
+        raise InvalidRecordError(
+            f'a record field of this write cannot be sent to PostgreSQL: {error}; nothing of the write was stored'
+        ) from None
 
 
 _UNSTORABLE_TEXT = frozenset({'22P05', '22021'})

@@ -213,7 +213,7 @@ class Connections:
             context = pool.acquire()
             self._waiting += 1
             try:
-                with anyio.fail_after(self.acquire_timeout):
+                async with asyncio.timeout(self.acquire_timeout):  # asyncpg and psycopg run on asyncio only
                     conn = await context.__aenter__()
             except TimeoutError:
                 raise PoolTimeoutError(self._timeout_message(pool)) from None
