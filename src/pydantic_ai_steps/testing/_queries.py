@@ -11,7 +11,7 @@ import pytest
 
 from .._errors import EffectAlreadyResolvedError, InvalidRecordError, InvalidRunIdError
 from .._records import RunRecord, StepEvent, ToolEffectRecord
-from ..store.protocol import StepStore
+from ..store.protocol import RecordBatchStore, StepStore
 from ._kernel import managed
 from ._support import T0, StoreFactory, new_run, new_run_id, snapshot, tool_cycle
 
@@ -196,6 +196,28 @@ class QueryConformance:
             await store.save_snapshot(snapshot(run_id, tool_cycle(), state='half'))  # pyright: ignore[reportArgumentType]
         assert await store.list_events(run_id=run_id) == []
         assert await store.latest_snapshot(run_id=run_id, include_interrupted=True) is None
+
+    @pytest.mark.anyio
+    async def test_a_lone_surrogate_in_a_record_is_kept_as_written_or_refused_whole(self, store: StepStore) -> None:
+        """Text that is not valid Unicode (`\\ud800`, as `surrogateescape` decoding leaves) cannot go into UTF-8
+        storage: such a store refuses the write with `InvalidRecordError` and keeps nothing of it."""
+        if not isinstance(store, RecordBatchStore):
+            pytest.skip('this store does not offer write_records')
+        run_id = new_run_id()
+        opening = StepEvent(run_id=run_id, kind='run_started', step_index=0)
+        odd = StepEvent(run_id=run_id, kind='tool_call_started', step_index=1, tool_call_id='c', tool_name='\ud800x')
+        refusal: str | None = None
+        try:
+            await store.write_records(run=RunRecord(run_id=run_id, started_at=T0), events=[opening, odd])
+        except InvalidRecordError as error:
+            refusal = str(error)
+        if refusal is not None:
+            assert 'surrogate' in refusal
+            assert await store.get_run(run_id=run_id) is None
+            await store.write_records(run=RunRecord(run_id=run_id, started_at=T0), events=[opening])  # carries on
+            assert [event.kind for event in await store.list_events(run_id=run_id)] == ['run_started']
+        else:
+            assert [event.tool_name for event in await store.list_events(run_id=run_id)] == [None, '\ud800x']
 
     @pytest.mark.anyio
     async def test_one_run_id_rule_for_every_store(self, store: StepStore) -> None:
