@@ -150,6 +150,19 @@ def check_optional_str(value: object, what: str) -> str | None:
     return value
 
 
+def check_optional_text(value: object, what: str) -> str | None:
+    """`check_optional_str`, and text every store can hold: no lone surrogate, which UTF-8 cannot encode."""
+    text = check_optional_str(value, what)
+    if text is not None:
+        try:
+            text.encode('utf-8')
+        except UnicodeEncodeError as error:
+            raise InvalidRecordError(
+                f'{what} is not valid Unicode text: a lone surrogate {text[error.start]!r} at position {error.start}'
+            ) from None
+    return text
+
+
 def check_str_map(value: object, what: str) -> dict[str, str]:
     """A mapping of strings to strings (event and run `metadata`)."""
     if not isinstance(value, Mapping):

@@ -20,7 +20,7 @@ from .._errors import (
     EffectAlreadyResolvedError,
     check_bool,
     check_max_snapshots,
-    check_optional_str,
+    check_optional_text,
     check_threshold,
 )
 from .._records import (
@@ -304,8 +304,8 @@ class StepStoreBase(Reads, Maintenance, AsyncClosing):
         """
         if outcome not in EFFECT_RESOLUTIONS:
             raise ValueError(f'outcome must be one of {sorted(EFFECT_RESOLUTIONS)}, got {outcome!r}')
-        check_optional_str(by, 'by')
-        check_optional_str(note, 'note')
+        check_optional_text(by, 'by')
+        check_optional_text(note, 'note')
         check_bool(replace, 'replace')
         resolved_at = utc_now()
         for _ in range(_RESOLVE_ATTEMPTS):

@@ -98,6 +98,10 @@ class QueryConformance:
             await store.resolve_tool_effect(run_id=run_id, tool_call_id='nope', outcome='not_done')
         with pytest.raises(ValueError, match='outcome'):
             await store.resolve_tool_effect(run_id=run_id, tool_call_id='c3', outcome='maybe')  # pyright: ignore[reportArgumentType]
+        for by, note in (('ops\ud800', None), (None, 'seen \udcff')):  # what `surrogateescape` decoding leaves
+            with pytest.raises(InvalidRecordError, match=r'(by|note) is not valid Unicode text: a lone surrogate'):
+                await store.resolve_tool_effect(run_id=run_id, tool_call_id='c3', outcome='done', by=by, note=note)
+        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id=run_id)] == ['c3']
         again = managed(make_store()) if getattr(self, 'persistent', False) else store
         kept = await again.get_tool_effect(run_id=run_id, tool_call_id='c1')
         assert kept is not None and (kept.resolution, kept.resolution_note) == ('done', 'comment found')
