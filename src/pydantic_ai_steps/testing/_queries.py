@@ -222,6 +222,16 @@ class QueryConformance:
             assert [event.kind for event in await store.list_events(run_id=run_id)] == ['run_started']
         else:
             assert [event.tool_name for event in await store.list_events(run_id=run_id)] == [None, '\ud800x']
+        named = RunRecord(run_id=new_run_id(), agent_name='agent-\udcff', started_at=T0)
+        try:
+            await store.register_run(named)
+        except InvalidRecordError as error:
+            refusal = str(error)
+            assert await store.get_run(run_id=named.run_id) is None
+        else:
+            stored = await store.get_run(run_id=named.run_id)
+            assert stored is not None and stored.agent_name == 'agent-\udcff'
+        assert refusal is None or ('surrogate' in refusal and 'agent-' not in refusal)  # the text is not echoed
 
     @pytest.mark.anyio
     async def test_one_run_id_rule_for_every_store(self, store: StepStore) -> None:

@@ -68,7 +68,10 @@ class PostgresBackend:
     # --- writes -----------------------------------------------------------------------------
 
     async def commit(self, batch: WriteBatch) -> CommitOutcome:
-        args = _commit_args(batch)
+        try:
+            args = _commit_args(batch)
+        except PydanticSerializationError as error:
+            raise InvalidRecordError(_unencodable_text(batch, error)) from None
 
         async def body(conn: PostgresConnection) -> CommitOutcome:
             await self._ready_to_write(conn)
@@ -84,6 +87,9 @@ class PostgresBackend:
                     return STALE
                 if code in _UNSTORABLE_TEXT:
                     raise InvalidRecordError(_unstorable_text(batch, error)) from None
+                encoding = error if isinstance(error, UnicodeEncodeError) else error.__cause__
+                if isinstance(encoding, UnicodeEncodeError):  # the driver's message would quote the value
+                    raise InvalidRecordError(_unencodable_text(batch, encoding)) from None
                 raise
             if value is None:
                 return None
@@ -409,25 +415,30 @@ def _json_rows(rows: Sequence[Row]) -> str | None:
 
     The text only carries the rows to the server, which parses it: no stored spelling depends on it.
     """
-    if not rows:
-        return None
-    try:
-        return to_json(rows).decode()
-    except PydanticSerializationError as error:
-        raise InvalidRecordError(
-            f'a record field of this write cannot be sent to PostgreSQL: {error}; nothing of the write was stored'
-        ) from None
+    return to_json(rows).decode() if rows else None
 
 
 _UNSTORABLE_TEXT = frozenset({'22P05', '22021'})
 """SQLSTATEs of a text PostgreSQL cannot hold: U+0000 in a `jsonb` value, a NUL byte in a `text` one."""
 
 
-def _unstorable_text(batch: WriteBatch, error: BaseException) -> str:
+def _runs_named(batch: WriteBatch) -> str:
     run_ids: set[str] = set(batch.run_ids)
     if batch.run is not None:
         run_ids.add(str(batch.run['run_id']))
-    runs = ', '.join(repr(run_id) for run_id in sorted(run_ids))
+    return ', '.join(repr(run_id) for run_id in sorted(run_ids))
+
+
+def _unencodable_text(batch: WriteBatch, error: BaseException) -> str:
+    """A lone surrogate, which UTF-8 cannot encode: said without quoting the text that holds it."""
+    return (
+        f'a text of this write for run {_runs_named(batch)} cannot be sent to PostgreSQL: {error}; '
+        'nothing of the write was stored'
+    )
+
+
+def _unstorable_text(batch: WriteBatch, error: BaseException) -> str:
+    runs = _runs_named(batch)
     return (
         f'PostgreSQL cannot store a text of this write for run {runs}: it holds the NUL character (U+0000), '
         f'which PostgreSQL text and jsonb cannot hold ({_server_message(error)}); nothing of the write was '
