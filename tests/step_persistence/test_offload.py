@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -289,4 +291,43 @@ async def test_a_wal_past_its_limit_is_truncated_without_waiting_for_a_reader(
     assert waited < 4, f'the write waited {waited:.1f} s for the reader'
     assert not backend._wal_too_long  # tried, and given up on until the next check
     assert len(await store.list_events(run_id='r')) == written + 1
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_a_wal_a_reader_keeps_growing_is_warned_about_once_per_doubling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing a store does shortens a WAL while a reader holds it: past the warning size the store says
+    so, again only when the WAL has doubled since, and starts counting over once it is back under the bound."""
+    monkeypatch.setattr(sqlite_module, 'WAL_LIMIT_BYTES', 1 << 20)
+    monkeypatch.setattr(sqlite_module, 'WAL_WARNING_BYTES', 3 << 20)
+    store = SqliteStepStore(database=tmp_path / 's.db', media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
+    backend: Any = store.backend
+    wal = tmp_path / 's.db-wal'
+    written = 0
+
+    async def write_until(done: Callable[[], bool], note: str) -> None:
+        nonlocal written
+        while not done():
+            assert written < 20_000
+            event = StepEvent(run_id='r', kind='model_request_started', step_index=written, metadata={'note': note})
+            await store.append_event(event)
+            written += 1
+
+    caplog.set_level(logging.WARNING, logger='pydantic_ai_steps.sqlite_store')
+    with closing(sqlite3.connect(tmp_path / 's.db', isolation_level=None)) as reader:
+        reader.execute('BEGIN')
+        assert reader.execute('SELECT count(*) FROM events').fetchone()[0] == 0
+        await write_until(lambda: wal.stat().st_size > 9 << 20, 'x' * 2000)
+        reader.execute('COMMIT')
+    warnings = [record.getMessage() for record in caplog.records]
+    assert 1 <= len(warnings) <= 2, warnings  # at 3 MiB, at 6 MiB (and at 12 MiB if a check had come that late)
+    assert 'read transaction open' in warnings[0] and str(tmp_path / 's.db') in warnings[0]
+    # The reader gone, the next check truncates the WAL, and one after it finds it back under the bound.
+    await write_until(lambda: backend._wal_warned_at == 0, 'x')
+    assert wal.stat().st_size < 1 << 20
+    assert len(caplog.records) == len(warnings)
+    assert len(await store.list_events(run_id='r')) == written
     store.close()

@@ -13,6 +13,7 @@ durable store's calls are tried there too while its commits stay fast (`_offload
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -36,6 +37,11 @@ WAL_LIMIT_BYTES = 4 << 20
 """A WAL file larger than this when a checkpoint is due is checkpointed and truncated on the store's
 own connection, between two of its writes; `journal_size_limit` truncates it to this size whenever
 SQLite starts it over. (See `docs/design.md` for what the bound costs per step.)"""
+WAL_WARNING_BYTES = 16 * WAL_LIMIT_BYTES
+"""A WAL this long means a reader keeps checkpoints from starting it over: the store logs a warning,
+then again each time the WAL has doubled since, until it is back under the bound."""
+
+logger = logging.getLogger('pydantic_ai_steps.sqlite_store')
 
 
 class SqliteConnection:
@@ -57,6 +63,8 @@ class SqliteConnection:
         self._busy_timeout_set = False
         """Whether the own connection waits for a held write lock (it must not on the event loop)."""
         self._wal_too_long = False
+        self._wal_warned_at = 0
+        """The WAL's size at the last warning that it keeps growing (0: none since it was under the bound)."""
         self._checkpointer = BackgroundCheckpointer.for_database(database, 'pydantic-ai-steps-checkpoint')
         self._commits = FlushTimer() if durable else None
         """A durable store's write calls, each waiting for the disk: timed, to know where they run."""
@@ -165,9 +173,27 @@ class SqliteConnection:
         if self._commits_since_checkpoint >= _CHECKPOINT_EVERY:
             self._commits_since_checkpoint = 0
             if self._checkpointer is not None:
-                self._wal_too_long = self._checkpointer.wal_bytes() > WAL_LIMIT_BYTES
+                wal_bytes = self._checkpointer.wal_bytes()
+                self._wal_too_long = wal_bytes > WAL_LIMIT_BYTES
+                self._warn_if_the_wal_keeps_growing(wal_bytes)
                 if not self._wal_too_long:
                     self._checkpointer.request()
+
+    def _warn_if_the_wal_keeps_growing(self, wal_bytes: int) -> None:
+        """Say why a WAL outgrew its bound many times over: nothing here can shorten it while a reader holds it."""
+        if wal_bytes <= WAL_LIMIT_BYTES:
+            self._wal_warned_at = 0
+        elif wal_bytes >= max(WAL_WARNING_BYTES, 2 * self._wal_warned_at):
+            self._wal_warned_at = wal_bytes
+            logger.warning(
+                'the write-ahead log of SQLite store %r has grown to %.0f MiB (its bound is %.0f MiB): a '
+                'connection, maybe in another process, keeps a read transaction open, so no checkpoint can '
+                'start the log over. End read transactions between reads (commit, or close cursors that were '
+                'not read to the end); the log shrinks at the next checkpoint after that.',
+                self._database,
+                wal_bytes / (1 << 20),
+                WAL_LIMIT_BYTES / (1 << 20),
+            )
 
     def _conn(self, write: bool) -> sqlite3.Connection:
         """The connection, opened on first use and migrated by the first write. Call under the lock."""
