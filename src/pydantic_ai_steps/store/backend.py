@@ -47,6 +47,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from .._errors import InvalidRecordError
 from .._records import RunQuery, RunStatus, SnapshotState
 from .codec import RESOLUTION_FIELDS, Encoding, Row
 from .history import LogEntry
@@ -136,6 +137,19 @@ class WriteBatch:
         if any(event.get('idempotency_key') is None for event in self.events):
             return False
         return self.snapshot is None or self.snapshot.key is not None
+
+    @property
+    def named_runs(self) -> str:
+        """The batch's runs for an error message: `'a', 'b'`."""
+        return ', '.join(repr(run_id) for run_id in sorted(self.run_ids))
+
+    def unencodable(self, where: str, error: BaseException) -> InvalidRecordError:
+        """The refusal of a batch holding a lone surrogate, which UTF-8 storage cannot take (`where`:
+        `'stored in SQLite'`), said without quoting the text that holds it."""
+        return InvalidRecordError(
+            f'a text of this write for run {self.named_runs} cannot be {where}: {error}; '
+            'nothing of the write was stored'
+        )
 
 
 @dataclass(frozen=True, slots=True)

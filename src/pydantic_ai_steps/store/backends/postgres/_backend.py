@@ -71,7 +71,7 @@ class PostgresBackend:
         try:
             args = _commit_args(batch)
         except PydanticSerializationError as error:
-            raise InvalidRecordError(_unencodable_text(batch, error)) from None
+            raise batch.unencodable('sent to PostgreSQL', error) from None
 
         async def body(conn: PostgresConnection) -> CommitOutcome:
             await self._ready_to_write(conn)
@@ -89,7 +89,7 @@ class PostgresBackend:
                     raise InvalidRecordError(_unstorable_text(batch, error)) from None
                 encoding = error if isinstance(error, UnicodeEncodeError) else error.__cause__
                 if isinstance(encoding, UnicodeEncodeError):  # the driver's message would quote the value
-                    raise InvalidRecordError(_unencodable_text(batch, encoding)) from None
+                    raise batch.unencodable('sent to PostgreSQL', encoding) from None
                 raise
             if value is None:
                 return None
@@ -422,26 +422,10 @@ _UNSTORABLE_TEXT = frozenset({'22P05', '22021'})
 """SQLSTATEs of a text PostgreSQL cannot hold: U+0000 in a `jsonb` value, a NUL byte in a `text` one."""
 
 
-def _runs_named(batch: WriteBatch) -> str:
-    run_ids: set[str] = set(batch.run_ids)
-    if batch.run is not None:
-        run_ids.add(str(batch.run['run_id']))
-    return ', '.join(repr(run_id) for run_id in sorted(run_ids))
-
-
-def _unencodable_text(batch: WriteBatch, error: BaseException) -> str:
-    """A lone surrogate, which UTF-8 cannot encode: said without quoting the text that holds it."""
-    return (
-        f'a text of this write for run {_runs_named(batch)} cannot be sent to PostgreSQL: {error}; '
-        'nothing of the write was stored'
-    )
-
-
 def _unstorable_text(batch: WriteBatch, error: BaseException) -> str:
-    runs = _runs_named(batch)
     return (
-        f'PostgreSQL cannot store a text of this write for run {runs}: it holds the NUL character (U+0000), '
-        f'which PostgreSQL text and jsonb cannot hold ({_server_message(error)}); nothing of the write was '
+        f'PostgreSQL cannot store a text of this write for run {batch.named_runs}: it holds the NUL character '
+        f'(U+0000), which PostgreSQL text and jsonb cannot hold ({_server_message(error)}); nothing of the write was '
         'stored. Remove it from the metadata or field that carries it (message texts may hold it: they are JSON)'
     )
 

@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
-from ...._errors import InvalidRecordError, RunAlreadyExistsError, RunNotFoundError
+from ...._errors import RunAlreadyExistsError, RunNotFoundError
 from ...._records import RunQuery
 from ...backend import STALE, SUPPRESSED, CommitOutcome, LogEntry, LogSlice, Probe, Row, SnapshotRow, WriteBatch
 from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RESOLUTION_FIELDS, RUN_FIELDS, SNAPSHOT_FIELDS, TEXT
@@ -61,9 +61,9 @@ class SqliteBackend(SqliteConnection):
 
     def _commit(self, conn: sqlite3.Connection, batch: WriteBatch) -> CommitOutcome:
         statements = (batch.run is not None) + len(batch.tool_effects) + len(batch.events) + len(batch.closings)
-        registered = batch.run['run_id'] if batch.run is not None else None
         try:
             with self._write(conn, immediate=batch.snapshot is not None or statements > 1 or bool(batch.run_ids)):
+                registered = batch.run['run_id'] if batch.run is not None else None
                 if batch.run is not None:
                     try:
                         conn.execute(_INSERT_RUN, tuple(batch.run.values()))
@@ -91,12 +91,7 @@ class SqliteBackend(SqliteConnection):
         except _Stale:
             return STALE
         except UnicodeEncodeError as error:  # a lone surrogate: SQLite holds UTF-8 text only
-            named: set[str] = set(batch.run_ids) | ({str(registered)} if registered is not None else set[str]())
-            runs = ', '.join(repr(run_id) for run_id in sorted(named))
-            raise InvalidRecordError(
-                f'a text of this write for run {runs} cannot be stored in SQLite: {error}; nothing of the write '
-                'was stored'
-            ) from None
+            raise batch.unencodable('stored in SQLite', error) from None
 
     def _write_snapshot(self, conn: sqlite3.Connection, batch: WriteBatch) -> CommitOutcome:
         write = batch.snapshot
