@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any, Literal, NoReturn, SupportsIndex, cast
-from urllib.parse import urlsplit, urlunsplit
 
 import bson
 from bson.codec_options import CodecOptions
@@ -35,6 +34,7 @@ from pymongo.operations import DeleteMany, InsertOne, UpdateMany, UpdateOne
 from pymongo.uri_parser import parse_uri
 
 from ._errors import InvalidRecordError, RecordTooLargeError
+from ._urls import redacted_url
 
 Document = dict[str, Any]
 MongoClient = AsyncMongoClient[Document]
@@ -55,20 +55,6 @@ def check_database_name(database: object, owner: str) -> str:
         why = f'it contains {bad.group()!r}' if bad is not None else 'it is longer than 63 bytes'
         raise ValueError(f'invalid MongoDB database name {database!r}: {why}')
     return database
-
-
-def redacted_url(url: str) -> str:
-    """A connection URL with its password replaced by `***`, for reprs and messages."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return '<unparsable URL>'
-    if password is None:
-        return url
-    user = parts.username or ''
-    host = parts.netloc.rsplit('@', 1)[1]
-    return urlunsplit((parts.scheme, f'{user}:***@{host}', parts.path, parts.query, parts.fragment))
 
 
 class ClientHandle:
@@ -326,5 +312,4 @@ __all__ = [
     'checked_document',
     'collection',
     'is_duplicate',
-    'redacted_url',
 ]

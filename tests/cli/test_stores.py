@@ -194,6 +194,11 @@ def _closed_port() -> int:
     [
         ('mongodb://steps:s3cret@127.0.0.1:{port}/agents?serverSelectionTimeoutMS=300', 'Connect call failed'),
         ('postgresql://steps:s3cret@127.0.0.1:{port}/agents', 'could not be reached: ConnectionRefusedError'),
+        ('postgresql://steps@127.0.0.1:{port}/agents?password=s3cret', 'could not be reached: ConnectionRefusedError'),
+        (
+            'mongodb://127.0.0.1:{port}/agents?tlsCertificateKeyFilePassword=s3cret&serverSelectionTimeoutMS=300',
+            'Connect call failed',
+        ),
     ],
 )
 def test_a_server_that_is_down_is_named_in_one_line_without_its_password(

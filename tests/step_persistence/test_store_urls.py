@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pydantic_ai_steps._urls import redacted_url
 from pydantic_ai_steps.step_persistence import open_step_store
-from pydantic_ai_steps.store.registry import StoreUrlError, _redacted, resolve  # pyright: ignore[reportPrivateUsage]
+from pydantic_ai_steps.store.registry import StoreUrlError, resolve
 
 
 @pytest.mark.parametrize(
@@ -35,7 +36,7 @@ def test_a_raw_slash_question_mark_or_hash_in_a_password_is_refused_without_show
     ],
 )
 def test_redaction_hides_everything_between_the_user_and_the_last_at(url: str, shown: str) -> None:
-    assert _redacted(url) == shown
+    assert redacted_url(url) == shown
 
 
 def test_an_at_sign_in_the_query_alone_is_not_taken_for_a_password() -> None:
@@ -55,3 +56,27 @@ def test_a_malformed_server_url_is_a_store_url_error_naming_it(url: str, reason:
     with pytest.raises(StoreUrlError, match=reason) as refused:
         open_step_store(url)
     assert 'app:***@' in str(refused.value) and 's3cret' not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ('url', 'shown'),
+    [
+        ('postgresql://app@db/steps?password=s3cret&table=t', 'postgresql://app@db/steps?password=***&table=t'),
+        ('postgresql://db/steps?sslpassword=s3cret#top', 'postgresql://db/steps?sslpassword=***#top'),
+        ('postgresql://db/steps?PassWord=s3cret', 'postgresql://db/steps?PassWord=***'),
+        ('postgresql://db/steps?pass%77ord=s3cret', 'postgresql://db/steps?pass%77ord=***'),
+        (
+            'mongodb://h/agents?tlsCertificateKeyFilePassword=s3cret;authSource=admin',
+            'mongodb://h/agents?tlsCertificateKeyFilePassword=***;authSource=admin',
+        ),
+        (
+            'mongodb://h/agents?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:s3cret',
+            'mongodb://h/agents?authMechanism=MONGODB-AWS&authMechanismProperties=***',
+        ),
+        ('postgresql://app:s3cret@db/steps?password=s3cret', 'postgresql://app:***@db/steps?password=***'),
+        ('postgresql://db/steps?application_name=s3cret', 'postgresql://db/steps?application_name=s3cret'),
+    ],
+)
+def test_redaction_hides_secret_query_parameters_too(url: str, shown: str) -> None:
+    """libpq and asyncpg read `?password=`, pymongo a key file's password and AWS session tokens."""
+    assert redacted_url(url) == shown

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from .._errors import StepsError
+from .._urls import raw_userinfo, redacted_url
 from .protocol import ManagedStepStore
 
 SQLITE_SUFFIXES = ('.db', '.sqlite', '.sqlite3')
@@ -163,7 +164,7 @@ class ServerScheme(StoreScheme):
     def parse(self, url: str) -> StoreLocation:
         if _password_split_early(url):
             raise StoreUrlError(
-                f'bad {self.scheme} store URL {_redacted(url)!r}: a "/", "?" or "#" in the user name or password '
+                f'bad {self.scheme} store URL {redacted_url(url)!r}: a "/", "?" or "#" in the user name or password '
                 'must be percent-encoded (%2F, %3F, %23)'
             )
         try:
@@ -171,11 +172,11 @@ class ServerScheme(StoreScheme):
             parts.port  # noqa: B018 - read to check it: a port outside 0-65535 raises here
         except ValueError as error:
             raise StoreUrlError(
-                f'bad {self.scheme} store URL {_redacted(url)!r}: {error}; expected {self.example}'
+                f'bad {self.scheme} store URL {redacted_url(url)!r}: {error}; expected {self.example}'
             ) from None
         if not parts.hostname and parts.scheme != 'mongodb+srv':
-            raise StoreUrlError(f'bad {self.scheme} store URL {_redacted(url)!r}: no host; expected {self.example}')
-        return StoreLocation(self, url, _redacted(url))
+            raise StoreUrlError(f'bad {self.scheme} store URL {redacted_url(url)!r}: no host; expected {self.example}')
+        return StoreLocation(self, url, redacted_url(url))
 
     def open(self, location: StoreLocation, **options: Any) -> ManagedStepStore:
         module_name, _, attribute = self._loader.partition(':')
@@ -186,15 +187,6 @@ class ServerScheme(StoreScheme):
         return getattr(module, attribute)(location, **options)
 
 
-def _raw_userinfo(url: str) -> str | None:
-    """What precedes the URL's last `@`, after `scheme://`: the user and password as typed, even
-    with an unescaped `/`, `?` or `#` in them (which end the netloc early for `urlsplit`)."""
-    scheme, separator, rest = url.partition('://')
-    if not separator or not scheme or '@' not in rest:
-        return None
-    return rest.rpartition('@')[0]
-
-
 def _password_split_early(url: str) -> bool:
     """A raw `/`, `?` or `#` in a password ended the netloc inside it: `user:pass` with no `@`,
     whose "port" is not a number (a URL with an `@` only in its query has a numeric port, or none)."""
@@ -202,24 +194,9 @@ def _password_split_early(url: str) -> bool:
         netloc = urlsplit(url).netloc
     except ValueError:  # an unbalanced IPv6 bracket: the caller's own check reports it
         return False
-    if '@' in netloc or ':' not in netloc or _raw_userinfo(url) is None:
+    if '@' in netloc or ':' not in netloc or raw_userinfo(url) is None:
         return False
     return not netloc.rpartition(':')[2].isdigit()
-
-
-def _redacted(url: str) -> str:
-    """The URL with any password replaced by `***`, for messages.
-
-    Everything between the user name's `:` and the last `@` is the password, however `urlsplit`
-    reads it: a password holding a raw `/` must not leak through a split that missed it (an `@`
-    later in the URL only hides more than needed).
-    """
-    userinfo = _raw_userinfo(url)
-    if userinfo is None or ':' not in userinfo:
-        return url
-    scheme, _, rest = url.partition('://')
-    user = userinfo.partition(':')[0]
-    return f'{scheme}://{user}:***@{rest[len(userinfo) + 1 :]}'
 
 
 SCHEMES: dict[str, StoreScheme] = {}
@@ -265,7 +242,7 @@ def resolve(value: str) -> StoreLocation:
         if kind is None:
             known = ', '.join(f'{name}:' for name in SCHEMES)
             raise StoreUrlError(
-                f'unknown store scheme {scheme + ":"!r} in {_redacted(value)!r}; known schemes: {known}'
+                f'unknown store scheme {scheme + ":"!r} in {redacted_url(value)!r}; known schemes: {known}'
             )
         return kind.parse(value)
     path = Path(value).expanduser()
