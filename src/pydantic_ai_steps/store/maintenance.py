@@ -10,9 +10,10 @@ Mixed into `StepStoreBase`, so every backend has it. The rules:
   an unfinished one by its newest event. Events inside a kept run are never trimmed.
 - Media garbage collection removes a blob only when no stored text references it and nothing has
   put it for `grace` (an hour by default), checked again just before the blob is deleted. Writers
-  put a blob before they reference it and re-put (refresh) anything they last put more than ten
-  minutes ago (`message_log.BLOB_MEMO_SECONDS`), so a blob a writer has just put, or is about to
-  reference, is never collected. See `docs/design.md`.
+  put a blob before they reference it and re-put (refresh) anything they last put more than five
+  minutes ago (`message_log.BLOB_MEMO_SECONDS`), and the grace is at least twice that while
+  writers run, so a blob a writer has just put, or is about to reference, is never collected.
+  What a collection deletes, this process's writers put again. See `docs/design.md`.
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ from ..media._uri import MEDIA_URI_PREFIX
 from . import codec
 from .backend import Backend, Damaged
 from .history import LogEntry
-from .message_log import BLOB_MEMO_SECONDS, MessageLog
+from .message_log import BLOB_MEMO_SECONDS, MessageLog, forget_collected
 from .patch import is_patch, patch_base_index
 
 _URI = re.compile(re.escape(MEDIA_URI_PREFIX) + '[0-9a-f]{64}')
 _DELETE_CHUNK = 500
 DEFAULT_GRACE = timedelta(hours=1)
-MIN_LIVE_GRACE = timedelta(seconds=BLOB_MEMO_SECONDS)
+MIN_LIVE_GRACE = timedelta(seconds=2 * BLOB_MEMO_SECONDS)
 """The shortest grace collection takes while writers may run: a writer trusts a blob it put for
-`message_log.BLOB_MEMO_SECONDS` before it puts it again."""
+`message_log.BLOB_MEMO_SECONDS` before it puts it again; the other half is the margin for the time
+between that check and the writer's commit, and for a media server's clock (it dates the puts)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,6 +220,7 @@ class Maintenance:
                 removed.append(blob.uri)
                 size += blob.size
         if not dry_run:
+            forget_collected(removed)
             await self._backend.reclaim_space()
         kept = sum(1 for blob in candidates if blob.uri in referenced)
         return GarbageResult(blobs=removed, bytes=size, kept_referenced=kept, kept_recent=recent, dry_run=dry_run)

@@ -44,12 +44,27 @@ from .patch import is_patch, make_patch
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
 PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
-BLOB_MEMO_SECONDS = 600.0
+BLOB_MEMO_SECONDS = 300.0
 """How long this process trusts that a blob it put is still in the media store. Media garbage
 collection never removes a blob put within its grace period (an hour by default, and never less
-than this while writers run: `maintenance.MIN_LIVE_GRACE`), so a writer that re-puts anything
-older than this never references a blob that collection removed."""
+than twice this while writers run: `maintenance.MIN_LIVE_GRACE`), so a writer that re-puts anything
+older than this never references a blob that collection removed, even with a slow commit or a
+media server whose clock is minutes off. A collection run in this process removes what it deleted
+from every writer's trust at once (`forget_collected`)."""
 _BLOBS_REMEMBERED = 4096
+_collected: dict[bytes, float] = {}
+"""Digest -> when (monotonic) a garbage collection in this process deleted it, for `BLOB_MEMO_SECONDS`."""
+
+
+def forget_collected(uris: Collection[str]) -> None:
+    """Blobs a garbage collection deleted: no writer of this process trusts an earlier put of them."""
+    now = time.monotonic()
+    for stale in [digest for digest, when in _collected.items() if now - when >= BLOB_MEMO_SECONDS]:
+        del _collected[stale]  # no trusted put is that old any more
+    for uri in uris:
+        _collected[bytes.fromhex(parse_media_uri(uri))] = now
+
+
 PATCH_RATIO = 2
 """A changed version is stored as a patch only if the patch is at most 1/PATCH_RATIO of its full text."""
 FIT_FLOOR_BYTES = 1024
@@ -303,7 +318,7 @@ class MessageLog:
         digest, identifier = await self._hashed.digest_and_identifier(binary)
         put_at = self._stored_blobs.get(digest)
         now = time.monotonic()
-        if put_at is not None and now - put_at < BLOB_MEMO_SECONDS:
+        if put_at is not None and now - put_at < BLOB_MEMO_SECONDS and _collected.get(digest, -1.0) < put_at:
             # The same bytes (say, an image sent in every turn) are not sent to the media store again.
             self._stored_blobs.move_to_end(digest)
             uri = uri_for_digest(digest.hex())

@@ -177,3 +177,22 @@ class RetentionConformance:
         assert latest is not None and dump(latest.messages) == dump(list(history(2, 3)))
         await runs.delete_run(second)
         assert len((await runs.collect_garbage(grace=timedelta(0), writers_stopped=True)).blobs) == 2
+
+    @pytest.mark.anyio
+    async def test_a_blob_collected_here_is_put_again_by_the_next_write_that_needs_it(
+        self, make_store: StoreFactory
+    ) -> None:
+        """The writer that put a blob a minute ago would reference it without putting it again; after a
+        collection in this process deleted it, it must put it again, or the new snapshot would not read."""
+        runs = managed(make_store())
+        if runs.media_store is None:
+            pytest.skip('this store keeps payloads inline')
+        history = [ModelRequest(parts=[UserPromptPart(['look', _image(7)], timestamp=T0)], timestamp=T0)]
+        old = await new_run(runs)
+        await runs.save_snapshot(snapshot(old, list(history)))
+        await runs.delete_run(old)
+        assert len((await runs.collect_garbage(grace=timedelta(0), writers_stopped=True)).blobs) == 1
+        again = await new_run(runs)
+        await runs.save_snapshot(snapshot(again, list(history)))
+        latest = await runs.latest_snapshot(run_id=again)
+        assert latest is not None and dump(latest.messages) == dump(history)

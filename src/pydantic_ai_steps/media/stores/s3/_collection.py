@@ -9,7 +9,7 @@ put landing between that HEAD and the DELETE (milliseconds apart) is deleted wit
 the default grace period of garbage collection that takes a put of a blob nobody had put for an
 hour, about to be referenced: rare, not impossible. Times are the server's clock: keep the grace
 period well above any skew between this machine and the server. AWS dates a multipart upload from
-its start, so an upload lasting longer than the grace period (less the ten minutes a writer trusts
+its start, so an upload lasting longer than the grace period (less the five minutes a writer trusts
 a put) could be collected before its writer references it.
 """
 
