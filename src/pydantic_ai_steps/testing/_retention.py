@@ -7,7 +7,7 @@ from datetime import timedelta
 import anyio
 import anyio.lowlevel
 import pytest
-from pydantic_ai.messages import BinaryContent, ModelRequest, UserPromptPart
+from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, UserPromptPart
 
 from .._errors import RunNotFoundError
 from .._records import StepEvent, ToolEffectRecord, utc_now
@@ -187,7 +187,9 @@ class RetentionConformance:
         runs = managed(make_store())
         if runs.media_store is None:
             pytest.skip('this store keeps payloads inline')
-        history = [ModelRequest(parts=[UserPromptPart(['look', _image(7)], timestamp=T0)], timestamp=T0)]
+        history: list[ModelMessage] = [
+            ModelRequest(parts=[UserPromptPart(['look', _image(7)], timestamp=T0)], timestamp=T0)
+        ]
         old = await new_run(runs)
         await runs.save_snapshot(snapshot(old, list(history)))
         await runs.delete_run(old)
