@@ -132,11 +132,17 @@ async def drop_prefix(url: str, prefix: str) -> None:
 
 
 class Floor:
-    """The bare minimum the same writes cost: one autocommit `INSERT` of the same rows per write."""
+    """The bare minimum the same writes cost: one autocommit `INSERT` of the same rows per write.
 
-    def __init__(self, url: str, prefix: str) -> None:
+    With `pool`, each write takes a connection from that pool and gives it back, as every user of
+    a caller's pool does (asyncpg's acquire and release are part of any statement sent through it);
+    without, the writes go to one connection of the floor's own.
+    """
+
+    def __init__(self, url: str, prefix: str, pool: LazyPool | None = None) -> None:
         self.url = url
         self.table = f'{prefix}_floor'
+        self.pool = pool
         self._conn: Any = None
 
     async def open(self) -> None:
@@ -150,7 +156,13 @@ class Floor:
         """One statement, one transaction: every `(kind, body)` row of one store write (opened on first use)."""
         if self._conn is None:
             await self.open()
-        conn: Any = self._conn
+        if self.pool is None:
+            await self._insert(self._conn, run_id, rows)
+            return
+        async with self.pool.acquire() as conn:
+            await self._insert(conn, run_id, rows)
+
+    async def _insert(self, conn: Any, run_id: str, rows: Sequence[tuple[str, str]]) -> None:
         await conn.execute(
             f'INSERT INTO {self.table} (run_id, kind, body) '
             'SELECT $1, k, b FROM unnest($2::text[], $3::text[]) AS x(k, b)',

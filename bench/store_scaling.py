@@ -16,7 +16,9 @@ inserted by the bare driver in one autocommit statement per write, timed cycle b
 the store's; and the statements the store sent per cycle (each one round trip), counted on the
 connections of its pool at every cycle. It runs twice: over a caller's asyncpg pool (whose
 connections count the statements), then with `dsn=`, the pool the store owns, which keeps a
-connection between operations instead of a pool round trip each time.
+connection between operations instead of a pool round trip each time. Over the caller's pool the
+floor is timed a second time through that same pool (an acquire and a release per write, as any
+statement sent through it pays), so what asyncpg's pool costs shows apart from what the store does.
 
     uv run python bench/store_scaling.py
 """
@@ -58,6 +60,8 @@ class Measured:
 
     def __init__(self) -> None:
         self.floor: list[float] = []
+        self.pooled_floor: list[float] = []
+        """The floor's writes through the store's own pool (an acquire and a release per write)."""
         self.statements: list[int] = []
 
 
@@ -67,8 +71,9 @@ async def cycle_times(
     floor: Any = None,
     counter: list[int] | None = None,
     measured: Measured | None = None,
+    pooled_floor: Any = None,
 ) -> list[float]:
-    """Seconds per tool cycle, for every cycle of the recorded history (and the floor's, if given)."""
+    """Seconds per tool cycle, for every cycle of the recorded history (and the floors', if given)."""
     opening = StepEvent(run_id='r', kind='run_started', step_index=0, idempotency_key='r:0')
     await store.write_records(run=RunRecord(run_id='r'), events=[opening])
     times: list[float] = []
@@ -107,6 +112,11 @@ async def cycle_times(
             await floor.write('r', first)
             await floor.write('r', second)
             measured.floor.append(time.perf_counter() - start)
+            if pooled_floor is not None:
+                start = time.perf_counter()
+                await pooled_floor.write('r', first)
+                await pooled_floor.write('r', second)
+                measured.pooled_floor.append(time.perf_counter() - start)
     return times
 
 
@@ -160,12 +170,15 @@ async def postgres_row(url: str, history: list[ModelMessage]) -> str:
             )
             floor = pg_bench.Floor(url, prefix)
             await floor.open()
+            pooled = pg_bench.Floor(url, prefix, pool=pool) if attempt != 'dsn=' else None
             measured = Measured()
             try:
                 await store.list_runs(limit=1)  # the pool opened, the schema read
-                times = await cycle_times(store, history, floor, pool.statements, measured)
+                times = await cycle_times(store, history, floor, pool.statements, measured, pooled)
             finally:
                 await floor.close()
+                if pooled is not None:
+                    await pooled.close()
                 await store.aclose()
                 await pool.close()
             if attempt == 'warm-up':
@@ -186,6 +199,14 @@ async def postgres_row(url: str, history: list[ModelMessage]) -> str:
                 f'  postgres / floor: {early / floor_early:.2f}x near step 100, {late / floor_late:.2f}x over the '
                 f'last 20; {counted}'
             )
+            if measured.pooled_floor:
+                pooled_early = statistics.median(measured.pooled_floor[89:110])
+                pooled_late = statistics.median(measured.pooled_floor[-20:])
+                lines.append(
+                    f'  floor through the same pool: {pooled_early * 1e6:.0f} us near step 100, '
+                    f'{pooled_late * 1e6:.0f} us over the last 20; postgres / it: {early / pooled_early:.2f}x, '
+                    f'{late / pooled_late:.2f}x'
+                )
         return '\n'.join(lines)
     finally:
         for prefix in prefixes:
