@@ -211,7 +211,12 @@ class RunQuery:
         )
 
     def apply(self, records: Sequence[RunRecord]) -> list[RunRecord]:
-        """Filter, order by start time (oldest first unless `newest_first`), and cut to `limit`."""
+        """Filter, order by start time (oldest first unless `newest_first`), and cut to `limit`.
+
+        Runs that started at the same time keep the order of `records`, which a backend gives in
+        registration order (reversed for `newest_first`): newest first is then exactly the reverse
+        of oldest first, in every store, so a `limit` or `prune(keep_last=)` keeps the same runs.
+        """
         matching = [record for record in records if self.matches(record)]
         matching.sort(key=lambda record: record.started_at, reverse=self.newest_first)
         return matching if self.limit is None else matching[: self.limit]

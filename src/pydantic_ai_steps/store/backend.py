@@ -204,9 +204,11 @@ class Backend(Protocol):
         ...
 
     async def fetch_runs(self, query: RunQuery) -> Sequence[Row | Damaged]:
-        """Rows of the runs matching `query`, ordered by `started_at` (newest first if asked), cut to
-        `query.limit`. A backend may return more rows than match only when it honours no limit: the
-        kernel filters and cuts again, so a backend can push down what it can index."""
+        """Rows of the runs matching `query`, ordered by `started_at` and, among equal start times, by
+        registration (both reversed for newest first), cut to `query.limit`. A backend may return more
+        rows than match, or rows in registration order alone, only when it honours no limit: the
+        kernel filters, sorts by `started_at` keeping the given order among equal ones, and cuts
+        again, so a backend can push down what it can index."""
         ...
 
     async def fetch_events(self, run_id: str) -> Sequence[Row | Damaged]:

@@ -55,6 +55,23 @@ class QueryConformance:
         assert completed.ended_at == T0 + timedelta(hours=1)
 
     @pytest.mark.anyio
+    async def test_runs_that_started_at_the_same_time_come_in_registration_order(self, store: StepStore) -> None:
+        """Newest first is exactly the reverse of oldest first, so a limit keeps the same runs in every
+        store, whatever the ids spell (the first registered sorts last by name here)."""
+        runs = managed(store)
+        agent = new_run_id('tie')
+        ids = [
+            await new_run(runs, prefix, agent_name=agent, started_at=T0 + timedelta(minutes=1))
+            for prefix in ('zz-first', 'mm-second', 'aa-third')
+        ]
+        earlier = await new_run(runs, 'yy-earlier', agent_name=agent, started_at=T0)
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent)] == [earlier, *ids]
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, newest_first=True)] == [*ids[::-1], earlier]
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, limit=2)] == [earlier, ids[0]]
+        assert [r.run_id for r in await runs.list_runs(agent_name=agent, newest_first=True, limit=2)] == ids[:0:-1]
+        assert [r.run_id for r in await runs.list_runs(newest_first=True, limit=1)] == [ids[2]]
+
+    @pytest.mark.anyio
     async def test_list_runs_by_run_metadata_and_pydantic_ai_run_id(self, store: StepStore) -> None:
         runs = managed(store)
         tenant = new_run_id('tenant')

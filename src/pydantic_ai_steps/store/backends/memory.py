@@ -143,12 +143,15 @@ class _MemoryBackend:
 
     async def fetch_runs(self, query: RunQuery) -> list[Row]:
         # Equality on the indexed fields here; the kernel applies every filter, the order and the limit.
+        # Registration order, reversed for newest first (`RunQuery.apply` keeps it among equal start times).
         wanted = query.equalities()
         if not wanted:
-            return [run.row for run in self._runs.values()]
-        candidates = min((self._by_field.get(item, {}) for item in wanted.items()), key=len)
-        rows = (self._runs[run_id].row for run_id in candidates)
-        return [row for row in rows if all(row[name] == value for name, value in wanted.items())]
+            rows = [run.row for run in self._runs.values()]
+        else:
+            candidates = min((self._by_field.get(item, {}) for item in wanted.items()), key=len)
+            found = (self._runs[run_id].row for run_id in candidates)
+            rows = [row for row in found if all(row[name] == value for name, value in wanted.items())]
+        return rows[::-1] if query.newest_first else rows
 
     async def fetch_events(self, run_id: str) -> list[Row]:
         run = self._runs.get(run_id)

@@ -46,6 +46,8 @@ class FileReads:
     def runs(self, query: RunQuery) -> list[Row | Damaged]:
         wanted = query.equalities()
         rows: list[Row | Damaged] = [self.with_status(row) for row in self._index.rows(wanted)]
+        if query.newest_first:  # registration order, reversed: `RunQuery.apply` keeps it among equal start times
+            rows.reverse()
         return [*rows, *self._index.unreadable()]  # unread, a record may match any query
 
     def with_status(self, row: Row) -> Row:

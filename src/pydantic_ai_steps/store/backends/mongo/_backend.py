@@ -295,7 +295,9 @@ class MongoBackend:
             return []
         selector, exact = run_filter(query, self.encoding)
         direction = DESCENDING if query.newest_first else ASCENDING
-        cursor = self._collection(RUNS).find(selector, sort=[('started_at', direction), ('_id', direction)])
+        # Equal start times in registration order (`gen`, an ObjectId, grows with it), reversed for newest first.
+        order = [('started_at', direction), ('gen', direction), ('_id', direction)]
+        cursor = self._collection(RUNS).find(selector, sort=order)
         if exact and query.limit is not None:
             cursor = cursor.limit(query.limit)
         return await cursor.to_list()
