@@ -158,6 +158,10 @@ async def test_garbage_collection_and_deletion_over_upstream_data(
 ) -> None:
     blobs = fixture['expected']['blobs']
     async with MongoStepStore(db_url=url, database=upstream) as store:
+        planned = await store.collect_garbage(grace=timedelta(0), dry_run=True, writers_stopped=True)
+        assert planned.blobs == [] and planned.kept_recent == 3  # undated: listed as just put, and left undated
+        with pymongo.MongoClient(url) as client:
+            assert client[upstream]['media'].count_documents({'stored_at': {'$exists': True}}) == 0
         first = await store.collect_garbage(
             grace=timedelta(0), writers_stopped=True
         )  # upstream manifests get their stored_at now

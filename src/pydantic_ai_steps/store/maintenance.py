@@ -64,6 +64,16 @@ class CollectableMediaStore(MediaStore, Protocol):
         ...
 
 
+@runtime_checkable
+class DatesUndatedBlobs(Protocol):
+    """A media store whose blobs may carry no put time (the upstream package's MongoDB manifests)."""
+
+    async def date_undated_blobs(self) -> None:
+        """Date such blobs now: `list_blobs` reports them as just put (it writes nothing), and a blob
+        becomes collectable one grace period after the first collection that dated it."""
+        ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class PruneResult:
     """What `prune` removed (or, with `dry_run=True`, would remove)."""
@@ -200,6 +210,8 @@ class Maintenance:
                 f'grace of at least {MIN_LIVE_GRACE}, or writers_stopped=True if no process writes to this store'
             )
         cutoff = utc_now() - grace
+        if not dry_run and isinstance(media, DatesUndatedBlobs):
+            await media.date_undated_blobs()  # after the cutoff: dated now, a blob is not collected this time
         candidates: list[BlobInfo] = []
         recent = 0
         async for blob in media.list_blobs():

@@ -270,13 +270,13 @@ class MongoMediaStore(AsyncClosing):
     # --- garbage collection (store.maintenance.CollectableMediaStore) ----------------------------
 
     async def list_blobs(self) -> AsyncIterator[BlobInfo]:
-        """Every blob with its size and when it was last put.
+        """Every blob with its size and when it was last put; nothing is written.
 
-        A manifest written by the upstream package has no `stored_at`; it is stamped now, so such a
-        blob becomes collectable one grace period after it is first listed, never at once.
+        A manifest written by the upstream package has no `stored_at`: it is listed as put just now,
+        never collectable, until a collection dates it (`date_undated_blobs`).
         """
         manifests = self._manifests()
-        await manifests.update_many({'stored_at': {'$exists': False}}, {'$set': {'stored_at': _stamp()}})
+        now = _stamp()
         async for manifest in manifests.find(
             {}, projection={'size_bytes': 1, 'stored_at': 1}, sort=[('_id', ASCENDING)]
         ):
@@ -285,8 +285,13 @@ class MongoMediaStore(AsyncClosing):
                 yield BlobInfo(
                     uri=uri_for_digest(digest),
                     size=size if _is_int(size) else 0,
-                    stored_at=stored_at if isinstance(stored_at, datetime) else _EPOCH,
+                    stored_at=stored_at if isinstance(stored_at, datetime) else now if stored_at is None else _EPOCH,
                 )
+
+    async def date_undated_blobs(self) -> None:
+        """Stamp the upstream package's manifests (no `stored_at`) with the time now, as if put now:
+        collectable one grace period later, never at once (an upstream writer may be about to reference one)."""
+        await self._manifests().update_many({'stored_at': {'$exists': False}}, {'$set': {'stored_at': _stamp()}})
 
     async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
         """Remove the blob; with `stored_before`, only if nobody put it since (checked as it is deleted)."""
