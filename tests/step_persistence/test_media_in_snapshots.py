@@ -259,3 +259,38 @@ async def test_a_tampered_media_blob_is_never_restored_into_a_snapshot(
     # Every snapshot of the run carries the image: each reads as damaged (skipped with a warning).
     assert await reopened.latest_snapshot(run_id=run_id) is None
     assert 'skipping unreadable' in caplog.text and 'is damaged' in caplog.text
+
+
+@pytest.mark.parametrize('kind', ['sqlite', 'file'])
+async def test_a_value_spelled_like_a_marker_reads_as_written_whatever_media_store_the_reader_has(
+    kind: str, tmp_path: Path
+) -> None:
+    """A store keeping payloads inline still wraps a caller's marker-shaped value, so opening the same
+    location with the default media store (as `open_step_store` and the inspector do) reads it as written."""
+    from pydantic_ai.messages import ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
+
+    from pydantic_ai_steps.step_persistence import ContinuableSnapshot, RunRecord, open_step_store
+
+    echoed = {
+        '__harness_external_media__': True,
+        '__harness_external_uri__': 'media+sha256://' + '0' * 64,
+        'note': 'a tool echoing a stored record',
+    }
+    history = [
+        ModelRequest(parts=[UserPromptPart('show it')]),
+        ModelResponse(parts=[ToolCallPart('show', {}, tool_call_id='c1')]),
+        ModelRequest(parts=[ToolReturnPart('show', echoed, tool_call_id='c1')]),
+    ]
+    location = tmp_path / ('runs.db' if kind == 'sqlite' else 'runs')
+    inline: StepStore = (
+        SqliteStepStore(database=location, media_store=None)
+        if kind == 'sqlite'
+        else FileStepStore(location, media_store=None)
+    )
+    await inline.write_records(run=RunRecord(run_id='r'))
+    await inline.write_records(snapshot=ContinuableSnapshot(run_id='r', step_index=1, messages=history))
+    expected = ModelMessagesTypeAdapter.dump_json(history)
+    for reader in (inline, open_step_store(f'sqlite:///{location}' if kind == 'sqlite' else f'file://{location}')):
+        latest = await reader.latest_snapshot(run_id='r')
+        assert latest is not None and ModelMessagesTypeAdapter.dump_json(latest.messages) == expected
+        await reader.aclose()

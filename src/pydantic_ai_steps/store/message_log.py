@@ -15,7 +15,7 @@ import copy
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -24,8 +24,8 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest
 from .._errors import RecordTooLargeError
 from .._json import compact_json
 from .._records import ContinuableSnapshot
-from ..media._context import MediaContext
-from ..media._markers import has_markers, might_need_externalizing
+from ..media._context import EMPTY_CONTEXT, MediaContext
+from ..media._markers import has_markers, mentions_reserved_key, might_need_externalizing
 from ..media._protocol import MediaStore
 from ..media._uri import parse_media_uri, uri_for_digest
 from ..media._walker import externalize_tree, restore_media
@@ -212,12 +212,19 @@ class MessageLog:
         """Rebuild messages from stored texts (patches resolved), putting externalized payloads back."""
         if any(map(is_patch, texts)):
             raise ValueError('a message text is an unresolved patch')
-        if self.media_store is not None:
-            texts = [await self._restore(text) if has_markers(text) else text for text in texts]
+        texts = [await self._restore(text) if has_markers(text) else text for text in texts]
         return messages_from_json(texts)
 
     async def _externalize(self, text: str, placeholders: dict[str, str]) -> str:
-        if self.media_store is None or not (placeholders or might_need_externalizing(text, self.threshold_bytes)):
+        if self.media_store is None:
+            # Nothing moves out, but a caller's value spelled like a marker is still wrapped as a
+            # literal, so a reader given a media store (the inspector's default) reads it as written.
+            if not mentions_reserved_key(text):
+                return text
+            return compact_json(
+                await externalize_tree(json.loads(text), media_store=_INLINE, threshold_bytes=_NEVER, already_stored={})
+            )
+        if not (placeholders or might_need_externalizing(text, self.threshold_bytes)):
             return text
         tree: object = await externalize_tree(
             json.loads(text),
@@ -337,9 +344,32 @@ class MessageLog:
         return stand_in
 
     async def _restore(self, text: str) -> str:
-        assert self.media_store is not None
-        tree: object = await restore_media(json.loads(text), media_store=self.media_store)
+        media_store = self.media_store if self.media_store is not None else _INLINE
+        tree: object = await restore_media(json.loads(text), media_store=media_store)
         return compact_json(tree)
+
+
+class _InlineOnly:
+    """The media store of a store that keeps payloads inline: literals unwrap, a marker cannot be read."""
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        raise AssertionError('a store without a media store moves nothing out')  # threshold `_NEVER`
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        raise FileNotFoundError(f'media not found: {uri}: this store keeps payloads inline (media_store=None)')
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        return False
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        return None
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str]:
+        raise FileNotFoundError(f'media not found: {uri}: this store keeps payloads inline (media_store=None)')
+
+
+_INLINE = _InlineOnly()
+_NEVER = 1 << 62
 
 
 def _utf8_length(text: str) -> int:
