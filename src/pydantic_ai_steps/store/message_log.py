@@ -219,18 +219,14 @@ class MessageLog:
         if self.media_store is None:
             # Nothing moves out, but a caller's value spelled like a marker is still wrapped as a
             # literal, so a reader given a media store (the inspector's default) reads it as written.
-            if not mentions_reserved_key(text):
-                return text
-            return compact_json(
-                await externalize_tree(json.loads(text), media_store=_INLINE, threshold_bytes=_NEVER, already_stored={})
-            )
-        if not (placeholders or might_need_externalizing(text, self.threshold_bytes)):
+            media_store, threshold, needed = _INLINE, _NEVER, mentions_reserved_key(text)
+        else:
+            media_store, threshold = self.media_store, self.threshold_bytes
+            needed = bool(placeholders) or might_need_externalizing(text, threshold)
+        if not needed:
             return text
         tree: object = await externalize_tree(
-            json.loads(text),
-            media_store=self.media_store,
-            threshold_bytes=self.threshold_bytes,
-            already_stored=placeholders,
+            json.loads(text), media_store=media_store, threshold_bytes=threshold, already_stored=placeholders
         )
         return compact_json(tree)
 
