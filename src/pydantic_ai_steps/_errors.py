@@ -108,6 +108,10 @@ class StoreUnavailableError(StepsError, ConnectionError):
     """The store's server could not be reached, or no connection became free in time."""
 
 
+class StoreUrlError(StepsError, ValueError):
+    """A store URL (a `--store` value, a `dsn=`) that names no store this package can open."""
+
+
 class SchemaVersionError(StepsError, RuntimeError):
     """The store was written by a newer release with a layout this one does not know."""
 

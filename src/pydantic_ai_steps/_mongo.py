@@ -23,10 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any, Literal, NoReturn, SupportsIndex, cast
+from urllib.parse import parse_qsl, urlsplit
 
 import bson
 from bson.codec_options import CodecOptions
-from pymongo import AsyncMongoClient, ReadPreference
+from pymongo import AsyncMongoClient, ReadPreference, common
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, ClientBulkWriteException, InvalidOperation, OperationFailure, PyMongoError
@@ -57,6 +58,25 @@ def check_database_name(database: object, owner: str) -> str:
     return database
 
 
+def url_problem(db_url: str) -> str | None:
+    """What pymongo finds wrong with a `mongodb://` URL (never the URL itself: it may hold a
+    password), or `None`; an SRV URL is checked later, by its DNS lookup."""
+    if not db_url.startswith('mongodb://'):
+        return None
+    try:
+        parse_uri(db_url)
+    except (PyMongoError, ValueError) as error:
+        unknown = _unknown_options(db_url)  # pymongo leaves a URL's option names out of its message
+        return f'unknown option {", ".join(map(repr, unknown))}: {error}' if unknown else str(error)
+    return None
+
+
+def _unknown_options(db_url: str) -> list[str]:
+    known = {*common.URI_OPTIONS_VALIDATOR_MAP, *common.URI_OPTIONS_ALIAS_MAP, *common.URI_OPTIONS_DEPRECATION_MAP}
+    query = urlsplit(db_url).query
+    return [name for name, _ in parse_qsl(query, keep_blank_values=True) if name.lower() not in known]
+
+
 class ClientHandle:
     """The caller's `AsyncMongoClient`, or one opened from a URL and owned (see the module docs)."""
 
@@ -72,11 +92,9 @@ class ClientHandle:
         if url is not None and (not isinstance(url, str) or not url.startswith(('mongodb://', 'mongodb+srv://'))):
             shown = redacted_url(url) if isinstance(url, str) else repr(url)
             raise ValueError(f'{owner} db_url= must be a mongodb:// or mongodb+srv:// URL, got {shown}')
-        if db_url is not None and db_url.startswith('mongodb://'):  # (an SRV URL is checked by a DNS lookup)
-            try:
-                parse_uri(db_url)
-            except (PyMongoError, ValueError) as error:  # the message, never the URL's password
-                raise ValueError(f'{owner} db_url={redacted_url(db_url)!r} is not a usable URL: {error}') from None
+        problem = None if db_url is None else url_problem(db_url)
+        if db_url is not None and problem is not None:
+            raise ValueError(f'{owner} db_url={redacted_url(db_url)!r} is not a usable URL: {problem}') from None
         self._client = client
         self._url = db_url
         self._loop: asyncio.AbstractEventLoop | None = None

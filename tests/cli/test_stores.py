@@ -6,7 +6,7 @@ import json
 import re
 import socket
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -19,6 +19,7 @@ from pydantic_ai_steps.cli._errors import CliError
 from pydantic_ai_steps.step_persistence import InMemoryStepStore
 from pydantic_ai_steps.store import Probe, registry
 from pydantic_ai_steps.store.protocol import ManagedStepStore
+from tests.conftest import require_env
 
 from .populate import populate
 
@@ -249,3 +250,44 @@ def test_a_drivers_own_timeout_is_its_message_not_the_probe_deadline(
         'pydantic-ai-steps: error: cannot reach the store at dictmem://busy: '
         'no connection became free within 5 s (pool of 1)\n'
     )
+
+
+def _with_database(dsn: str, database: str) -> str:
+    return dsn.rsplit('/', 1)[0] + '/' + database
+
+
+@pytest.mark.parametrize(
+    ('make_url', 'said'),
+    [
+        (lambda dsn: dsn + '?table=BAD-x', ": invalid table name: 'BAD-x'; expected [a-z_][a-z0-9_]{0,39}"),
+        (
+            lambda dsn: _with_database(dsn, 'no_such_database'),
+            ': the PostgreSQL server named by dsn= refused the connection: database "no_such_database" does not exist',
+        ),
+        (
+            lambda dsn: dsn.replace('//steps@', '//no_such_role:s3cret@'),
+            ': the PostgreSQL server named by dsn= refused the connection: role "no_such_role" does not exist',
+        ),
+        (lambda dsn: dsn + '?sslmode=bogus', ': dsn= is not usable: `sslmode` parameter must be one of: disable,'),
+    ],
+    ids=['table', 'database', 'role', 'sslmode'],
+)
+def test_a_postgresql_url_the_server_or_driver_rejects_is_one_line_naming_the_store(
+    make_url: Callable[[str], str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = make_url(require_env('TEST_POSTGRES_DSN')['TEST_POSTGRES_DSN'])
+    assert url.startswith('postgresql://steps@') or 'no_such_role' in url
+    assert main(['runs', '--store', url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith('pydantic-ai-steps: error: ')
+    assert url.replace('s3cret', '***') + said in err
+    assert 's3cret' not in err and '--debug' not in err and 'Error:' not in err
+    assert err.count('\n') == 1
+
+
+def test_a_mongodb_url_with_an_unknown_option_names_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    url = require_env('TEST_MONGODB_URL')['TEST_MONGODB_URL'] + '/agents?table=steps&tls=false'
+    assert main(['runs', '--store', url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"pydantic-ai-steps: error: {url}: unknown option 'table': Unknown option.")
+    assert '--debug' not in err and err.count('\n') == 1

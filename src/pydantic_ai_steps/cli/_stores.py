@@ -44,6 +44,8 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
             probe = await store.probe()
     except BaseException as error:
         await store.aclose()
+        if isinstance(error, StoreUrlError):  # what the driver found wrong with the URL when it used it
+            raise CliError(f'cannot open the store at {location.url}: {error}') from None
         reason = unreachable(error)
         if reason is not None:
             raise CliError(f'cannot reach the store at {location.url}: {reason}') from None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from .._errors import StepsError
+from .._errors import StoreUrlError
 from .._urls import raw_userinfo, redacted_url
 from .protocol import ManagedStepStore
 
@@ -28,10 +28,6 @@ SQLITE_SUFFIXES = ('.db', '.sqlite', '.sqlite3')
 _SQLITE_HEADER = b'SQLite format 3\x00'
 _SCHEME = re.compile(r'([A-Za-z][A-Za-z0-9+.-]+):')
 """A URL scheme of two or more characters, so a Windows drive letter (`C:`) reads as a path."""
-
-
-class StoreUrlError(StepsError, ValueError):
-    """A store URL (or `--store` value) that names no store this package can open."""
 
 
 @dataclass(frozen=True)
@@ -184,7 +180,12 @@ class ServerScheme(StoreScheme):
             module = importlib.import_module(module_name)
         except ImportError as error:
             raise StoreUrlError(f'{location.url} needs a driver that is not installed: {error}') from None
-        return getattr(module, attribute)(location, **options)
+        try:
+            return getattr(module, attribute)(location, **options)
+        except StoreUrlError:
+            raise
+        except ValueError as error:  # a store's own check of what the URL carries (`?table=`)
+            raise StoreUrlError(f'{location.url}: {error}') from None
 
 
 def _password_split_early(url: str) -> bool:

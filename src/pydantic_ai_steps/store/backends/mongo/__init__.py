@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from ...._mongo import ClientHandle, MongoClient, check_database_name
+from ...._mongo import ClientHandle, MongoClient, check_database_name, url_problem
 from ....media._protocol import MediaStore
 from ...base import StepStoreBase
 from ...registry import StoreLocation, StoreUrlError
@@ -105,4 +105,7 @@ def open_location(location: StoreLocation, **options: Any) -> MongoStepStore:
         check_database_name(database, 'a mongodb: store URL')
     except ValueError as error:
         raise StoreUrlError(f'{location.url}: {error}') from None
+    problem = url_problem(location.target)
+    if problem is not None:
+        raise StoreUrlError(f'{location.url}: {problem}') from None
     return MongoStepStore(db_url=location.target, database=database, **options)

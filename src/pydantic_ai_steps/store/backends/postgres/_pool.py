@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import anyio
 
-from ...._errors import StepsError, StoreUnavailableError
+from ...._errors import StepsError, StoreUnavailableError, StoreUrlError
 
 __all__ = [
     'Connections',
@@ -192,6 +192,13 @@ class Connections:
         except OSError as error:  # refused, unknown host, unreachable: the DSN itself (a password) is not shown
             raise StoreUnavailableError(
                 f'the PostgreSQL server named by dsn= could not be reached: {type(error).__name__}: {error}'
+            ) from None
+        except asyncpg.ClientConfigurationError as error:  # pyright: ignore[reportUnknownMemberType]
+            raise StoreUrlError(f'dsn= is not usable: {error}') from None
+        except asyncpg.PostgresError as error:  # pyright: ignore[reportUnknownMemberType]
+            # no such database or role, a rejected password, no free slot: asyncpg's message, without the DSN
+            raise StoreUnavailableError(
+                f'the PostgreSQL server named by dsn= refused the connection: {error}'
             ) from None
 
     def _abandon(self) -> None:
