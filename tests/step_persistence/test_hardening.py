@@ -17,7 +17,14 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
-from pydantic_ai_steps.step_persistence import FileStepStore, RunRecord, SqliteStepStore, StepEvent, ToolEffectRecord
+from pydantic_ai_steps.step_persistence import (
+    FileStepStore,
+    InvalidRecordError,
+    RunRecord,
+    SqliteStepStore,
+    StepEvent,
+    ToolEffectRecord,
+)
 from pydantic_ai_steps.testing.step_store import T0, dump
 
 from .agents import call, scripted
@@ -342,3 +349,25 @@ def test_flags_must_be_real_booleans(tmp_path: Path) -> None:
         SqliteStepStore(database=tmp_path / 's.db', durable='yes')  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match='durable must be True or False'):
         FileStepStore(tmp_path, durable=1)  # pyright: ignore[reportArgumentType]
+
+
+async def test_a_tool_returning_a_file_name_that_is_not_utf8_fails_the_run_with_a_clear_error(tmp_path: Path) -> None:
+    """`os.listdir()` decodes such a name with `surrogateescape`; the run stops with an error saying
+    so (not the serializer's), and the store holds the run as failed, with what it could save."""
+    store = SqliteStepStore(database=tmp_path / 's.db')
+    agent = Agent(scripted([call('listing', 'c1')], 'done'), capabilities=[StepPersistence(store=store)])
+
+    @agent.tool_plain
+    def listing() -> list[str]:  # pyright: ignore[reportUnusedFunction]
+        return [os.fsdecode(b'report-\xff.txt')]
+
+    with pytest.raises(InvalidRecordError, match='holds text that is not valid Unicode') as refused:
+        await agent.run('what is here?')
+    assert "errors='replace'" in str(refused.value)
+    [run] = await store.list_runs()
+    assert run.status == 'failed'
+    failed = [event for event in await store.list_events(run_id=run.run_id) if event.kind == 'run_failed']
+    assert len(failed) == 1 and 'not valid Unicode' in (failed[0].error or '')
+    interrupted = await store.latest_snapshot(run_id=run.run_id, include_interrupted=True)
+    assert interrupted is not None and interrupted.state == 'interrupted' and len(interrupted.messages) == 2
+    await store.aclose()

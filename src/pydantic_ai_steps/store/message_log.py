@@ -19,9 +19,10 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import pydantic_core
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest
 
-from .._errors import RecordTooLargeError
+from .._errors import InvalidRecordError, RecordTooLargeError
 from .._json import compact_json
 from .._records import ContinuableSnapshot
 from ..media._context import EMPTY_CONTEXT, MediaContext
@@ -118,8 +119,11 @@ class MessageLog:
         for position in delta.candidates:
             message, placeholders, offloaded = await self._offload_binaries(delta.messages[position])
             base = delta.base_at(position)
-            restamped = base.restamped(message) if base is not None and type(message) is ModelRequest else None
-            text = restamped[0] if restamped is not None else message_to_json(message)
+            try:
+                restamped = base.restamped(message) if base is not None and type(message) is ModelRequest else None
+                text = restamped[0] if restamped is not None else message_to_json(message)
+            except pydantic_core.PydanticSerializationError as error:
+                raise _unencodable(snapshot.run_id, position, error) from None
             spelled = part_values(message) if position >= tail and type(message) is ModelRequest else None
             digest = content_digest(text)
             digests[position] = digest
@@ -366,6 +370,18 @@ class _InlineOnly:
 
 _INLINE = _InlineOnly()
 _NEVER = 1 << 62
+
+
+def _unencodable(run_id: str, position: int, error: pydantic_core.PydanticSerializationError) -> Exception:
+    """A message with a lone surrogate (`'\\udc80'`, what `surrogateescape` decoding of a file name
+    leaves) has no UTF-8 JSON: no store holds it, and no model API would take it either."""
+    if 'surrogates not allowed' not in str(error):
+        return error
+    return InvalidRecordError(
+        f'message {position} of run {run_id!r} holds text that is not valid Unicode (a lone surrogate, as '
+        'surrogateescape decoding leaves), which JSON in UTF-8 cannot hold; nothing of this write was stored. '
+        "Decode such text with errors='replace' (or 'backslashreplace') before it reaches the history"
+    )
 
 
 def _utf8_length(text: str) -> int:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolReturnPart
 
 from .._errors import EffectAlreadyResolvedError, InvalidRecordError, InvalidRunIdError
 from .._records import RunRecord, StepEvent, ToolEffectRecord
@@ -249,6 +250,27 @@ class QueryConformance:
             stored = await store.get_run(run_id=named.run_id)
             assert stored is not None and stored.agent_name == 'agent-\udcff'
         assert refusal is None or ('surrogate' in refusal and 'agent-' not in refusal)  # the text is not echoed
+
+    @pytest.mark.anyio
+    async def test_a_message_with_a_lone_surrogate_is_refused_naming_it_and_the_run_carries_on(
+        self, store: StepStore
+    ) -> None:
+        """A tool returning `os.listdir()` of a file name that is not UTF-8 (`'x\\udc80y'`) gives a message
+        no JSON in UTF-8 can hold: every store refuses it with `InvalidRecordError`, not a serializer's
+        error, keeps its earlier snapshot, and takes the run's next good one."""
+        run_id = await new_run(store)
+        settled = tool_cycle()
+        await store.save_snapshot(snapshot(run_id, settled))
+        odd = [*settled[:2], ModelRequest(parts=[ToolReturnPart('lookup', 'x\udc80y', tool_call_id='c1')])]
+        with pytest.raises(InvalidRecordError, match='holds text that is not valid Unicode') as refused:
+            await store.save_snapshot(snapshot(run_id, odd, step_index=2))
+        assert str(refused.value).startswith(f'message 2 of run {run_id!r} ')
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None and latest.messages == settled
+        grown = [*settled, ModelResponse(parts=[TextPart('done')], timestamp=T0)]
+        await store.save_snapshot(snapshot(run_id, grown, step_index=3))
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None and latest.messages == grown
 
     @pytest.mark.anyio
     async def test_one_run_id_rule_for_every_store(self, store: StepStore) -> None:
