@@ -374,7 +374,7 @@ _NEVER = 1 << 62
 
 def _unencodable(run_id: str, position: int, error: pydantic_core.PydanticSerializationError) -> Exception:
     """A message with a lone surrogate (`'\\udc80'`, what `surrogateescape` decoding of a file name
-    leaves) has no UTF-8 JSON: no store holds it, and no model API would take it either."""
+    leaves) has no JSON form in UTF-8, so no store can hold it."""
     if 'surrogates not allowed' not in str(error):
         return error
     return InvalidRecordError(
