@@ -35,6 +35,7 @@ from .history import (
     TAIL,
     HistoryDelta,
     HistoryTracker,
+    MessageAdapter,
     PatchBase,
     content_digest,
     message_to_json,
@@ -123,7 +124,11 @@ class MessageLog:
                 restamped = base.restamped(message) if base is not None and type(message) is ModelRequest else None
                 text = restamped[0] if restamped is not None else message_to_json(message)
             except pydantic_core.PydanticSerializationError as error:
-                raise _unencodable(snapshot.run_id, position, error) from None
+                if 'surrogates not allowed' not in str(error):
+                    raise
+                raise _lone_surrogate(snapshot.run_id, position) from None
+            if '\ufffd' in text and _holds_lone_surrogate(MessageAdapter.dump_python(message)):
+                raise _lone_surrogate(snapshot.run_id, position)  # pydantic replaced one in a dict key
             spelled = part_values(message) if position >= tail and type(message) is ModelRequest else None
             digest = content_digest(text)
             digests[position] = digest
@@ -372,16 +377,31 @@ _INLINE = _InlineOnly()
 _NEVER = 1 << 62
 
 
-def _unencodable(run_id: str, position: int, error: pydantic_core.PydanticSerializationError) -> Exception:
+def _lone_surrogate(run_id: str, position: int) -> InvalidRecordError:
     """A message with a lone surrogate (`'\\udc80'`, what `surrogateescape` decoding of a file name
     leaves) has no JSON form in UTF-8, so no store can hold it."""
-    if 'surrogates not allowed' not in str(error):
-        return error
     return InvalidRecordError(
         f'message {position} of run {run_id!r} holds text that is not valid Unicode (a lone surrogate, as '
-        'surrogateescape decoding leaves), which JSON in UTF-8 cannot hold; nothing of this write was stored. '
+        'surrogateescape decoding leaves), which JSON in UTF-8 cannot hold; no record of this write was stored. '
         "Decode such text with errors='replace' (or 'backslashreplace') before it reaches the history"
     )
+
+
+def _holds_lone_surrogate(value: object) -> bool:
+    """Whether a message's Python dump holds a lone surrogate anywhere, dict keys included (where
+    pydantic's JSON writes U+FFFD in its place instead of refusing)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        items = cast(dict[object, object], value).items()
+        return any(_holds_lone_surrogate(key) or _holds_lone_surrogate(item) for key, item in items)
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_lone_surrogate(item) for item in cast(Collection[object], value))
+    return False
 
 
 def _utf8_length(text: str) -> int:

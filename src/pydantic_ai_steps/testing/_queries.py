@@ -261,13 +261,14 @@ class QueryConformance:
         run_id = await new_run(store)
         settled = tool_cycle()
         await store.save_snapshot(snapshot(run_id, settled))
-        odd = [*settled[:2], ModelRequest(parts=[ToolReturnPart('lookup', 'x\udc80y', tool_call_id='c1')])]
-        with pytest.raises(InvalidRecordError, match='holds text that is not valid Unicode') as refused:
-            await store.save_snapshot(snapshot(run_id, odd, step_index=2))
-        assert str(refused.value).startswith(f'message 2 of run {run_id!r} ')
-        latest = await store.latest_snapshot(run_id=run_id)
-        assert latest is not None and latest.messages == settled
-        grown = [*settled, ModelResponse(parts=[TextPart('done')], timestamp=T0)]
+        for returned in ('x\udc80y', {'sizes': {'x\udc80y': 1}}):  # in a dict key, pydantic would write U+FFFD
+            odd = [*settled[:2], ModelRequest(parts=[ToolReturnPart('lookup', returned, tool_call_id='c1')])]
+            with pytest.raises(InvalidRecordError, match='holds text that is not valid Unicode') as refused:
+                await store.save_snapshot(snapshot(run_id, odd, step_index=2))
+            assert str(refused.value).startswith(f'message 2 of run {run_id!r} ')
+            latest = await store.latest_snapshot(run_id=run_id)
+            assert latest is not None and latest.messages == settled
+        grown = [*settled, ModelResponse(parts=[TextPart('done \ufffd', id='\ufffd')], timestamp=T0)]
         await store.save_snapshot(snapshot(run_id, grown, step_index=3))
         latest = await store.latest_snapshot(run_id=run_id)
         assert latest is not None and latest.messages == grown
