@@ -120,6 +120,12 @@ class NotAStoreError(StepsError, ValueError):
     """Something exists where a store was expected, but it is not a step store."""
 
 
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a driver error (asyncpg's `sqlstate`, psycopg's `sqlstate`), if it has one."""
+    code = getattr(error, 'sqlstate', None)
+    return code if isinstance(code, str) else None
+
+
 def check_run_id(run_id: object) -> str:
     """The rule every store applies to new run ids, so a run can move between stores.
 

@@ -66,15 +66,17 @@ def url_problem(db_url: str) -> str | None:
     try:
         parse_uri(db_url)
     except (PyMongoError, ValueError) as error:
-        unknown = _unknown_options(db_url)  # pymongo leaves a URL's option names out of its message
-        return f'unknown option {", ".join(map(repr, unknown))}: {error}' if unknown else str(error)
+        said = str(error)
+        unknown = _unknown_options(db_url) if said.startswith('Unknown option') else []
+        return f'unknown option {", ".join(map(repr, unknown))}: {said}' if unknown else said  # pymongo names none
     return None
 
 
 def _unknown_options(db_url: str) -> list[str]:
     known = {*common.URI_OPTIONS_VALIDATOR_MAP, *common.URI_OPTIONS_ALIAS_MAP, *common.URI_OPTIONS_DEPRECATION_MAP}
     query = urlsplit(db_url).query
-    return [name for name, _ in parse_qsl(query, keep_blank_values=True) if name.lower() not in known]
+    pairs = parse_qsl(query.replace(';', '&'), keep_blank_values=True)  # pymongo takes either separator
+    return [name for name, _ in pairs if name.lower() not in known]
 
 
 class ClientHandle:

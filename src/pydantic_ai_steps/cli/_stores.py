@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anyio
 
-from .._errors import StoreUnavailableError
+from .._errors import StoreUnavailableError, sqlstate
 from ..media._protocol import MediaStore
 from ..store.backend import Probe
 from ..store.maintenance import CollectableMediaStore
@@ -46,6 +46,10 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
         await store.aclose()
         if isinstance(error, StoreUrlError):  # what the driver found wrong with the URL when it used it
             raise CliError(f'cannot open the store at {location.url}: {error}') from None
+        if sqlstate(error) in REFUSALS:
+            raise CliError(
+                f'cannot open the store at {location.url}: the server refused the connection: {error}'
+            ) from None
         reason = unreachable(error)
         if reason is not None:
             raise CliError(f'cannot reach the store at {location.url}: {reason}') from None
@@ -60,6 +64,12 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
         await store.aclose()
         raise CliError(f'{location.url} is not a step store: {probe.detail}')
     return location, store
+
+
+REFUSALS = frozenset({'3D000', '28000', '28P01'})
+"""SQLSTATEs of a PostgreSQL server that answered and said no: no such database, no such role (or
+no `pg_hba.conf` entry), a wrong password. Permanent, so the driver's error stays what a program
+sees; the CLI says it in one line."""
 
 
 def unreachable(error: BaseException) -> str | None:

@@ -180,12 +180,7 @@ class ServerScheme(StoreScheme):
             module = importlib.import_module(module_name)
         except ImportError as error:
             raise StoreUrlError(f'{location.url} needs a driver that is not installed: {error}') from None
-        try:
-            return getattr(module, attribute)(location, **options)
-        except StoreUrlError:
-            raise
-        except ValueError as error:  # a store's own check of what the URL carries (`?table=`)
-            raise StoreUrlError(f'{location.url}: {error}') from None
+        return getattr(module, attribute)(location, **options)
 
 
 def _password_split_early(url: str) -> bool:

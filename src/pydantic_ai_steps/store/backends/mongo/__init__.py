@@ -107,5 +107,5 @@ def open_location(location: StoreLocation, **options: Any) -> MongoStepStore:
         raise StoreUrlError(f'{location.url}: {error}') from None
     problem = url_problem(location.target)
     if problem is not None:
-        raise StoreUrlError(f'{location.url}: {problem}') from None
+        raise StoreUrlError(f'bad mongodb store URL {location.url!r}: {problem}') from None
     return MongoStepStore(db_url=location.target, database=database, **options)

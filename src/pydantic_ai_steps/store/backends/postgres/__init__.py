@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from ...._errors import StoreUrlError
 from ....media._protocol import MediaStore
 from ...base import StepStoreBase
 from ._backend import PostgresBackend
@@ -113,6 +114,9 @@ def split_location(url: str) -> tuple[str, str | None]:
 def open_location(location: StoreLocation, **options: Any) -> PostgresStepStore:
     """The store a `postgresql://user@host:port/db[?table=prefix]` URL names (the registry's entry point)."""
     dsn, table = split_location(location.target)
-    if table is not None:
-        options.setdefault('table', table)
+    if table is not None and 'table' not in options:
+        try:
+            options['table'] = check_prefix(table)
+        except ValueError as error:
+            raise StoreUrlError(f'bad postgresql store URL {location.url!r}: {error}') from None
     return PostgresStepStore(dsn=dsn, **options)

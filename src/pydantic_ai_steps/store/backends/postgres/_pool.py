@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import anyio
 
-from ...._errors import StepsError, StoreUnavailableError, StoreUrlError
+from ...._errors import StepsError, StoreUnavailableError, StoreUrlError, sqlstate
 
 __all__ = [
     'Connections',
@@ -84,12 +84,6 @@ class PoolTimeoutError(StoreUnavailableError, TimeoutError):
 
 _UNSENT = ('connection is closed', 'the connection is closed', 'cannot perform operation: another operation')
 _DISCONNECT_STATES = frozenset({'57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004'})
-
-
-def sqlstate(error: BaseException) -> str | None:
-    """The SQLSTATE of a driver error (asyncpg's `sqlstate`, psycopg's `sqlstate`), if it has one."""
-    code = getattr(error, 'sqlstate', None)
-    return code if isinstance(code, str) else None
 
 
 def disconnect_kind(error: BaseException) -> Literal['unsent', 'ambiguous'] | None:
@@ -194,12 +188,7 @@ class Connections:
                 f'the PostgreSQL server named by dsn= could not be reached: {type(error).__name__}: {error}'
             ) from None
         except asyncpg.ClientConfigurationError as error:  # pyright: ignore[reportUnknownMemberType]
-            raise StoreUrlError(f'dsn= is not usable: {error}') from None
-        except asyncpg.PostgresError as error:  # pyright: ignore[reportUnknownMemberType]
-            # no such database or role, a rejected password, no free slot: asyncpg's message, without the DSN
-            raise StoreUnavailableError(
-                f'the PostgreSQL server named by dsn= refused the connection: {error}'
-            ) from None
+            raise StoreUrlError(f'the PostgreSQL URL given as dsn= is not usable: {error}') from None
 
     def _abandon(self) -> None:
         """Drop a pool opened in another (finished) event loop: its connections cannot be used from this one."""
