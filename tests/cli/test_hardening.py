@@ -6,9 +6,12 @@ import os
 import sqlite3
 from pathlib import Path
 
+import anyio
 import pytest
 
-from .conftest import run_cli_inprocess
+from pydantic_ai_steps.cli import _commands, main
+
+from .conftest import open_store, populate_and_close, run_cli_inprocess
 
 
 def snapshot_of(directory: Path) -> dict[str, bytes | None]:
@@ -109,3 +112,42 @@ def test_a_damaged_record_is_one_warning_line_not_a_traceback(tmp_path: Path) ->
     assert 'Traceback' not in result.stderr
     warnings = [line for line in result.stderr.splitlines() if line]
     assert warnings and all('skipping unreadable event' in line for line in warnings)
+
+
+def _outputs_inside(kind: str, root: Path) -> list[Path]:
+    if kind == 'sqlite':
+        database = root / 'steps.db'
+        (root / 'linked.db').symlink_to(database)
+        os.link(database, root / 'hard.db')
+        return [database, root / 'steps.db-wal', root / 'linked.db', root / 'hard.db']
+    return [root / 'steps' / '_index' / 'runs.jsonl', root / 'steps' / 'new.jsonl', root / 'steps']
+
+
+@pytest.mark.parametrize('kind', ['sqlite', 'file'])
+def test_export_refuses_to_write_over_the_store_it_reads(kind: str, tmp_path: Path) -> None:
+    store, url = open_store(kind, tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    for output in _outputs_inside(kind, tmp_path):
+        result = run_cli_inprocess('export', runs.orchestrator, '-o', str(output), '--store', url)
+        assert result.returncode == 1, output
+        assert result.stderr.startswith(f"pydantic-ai-steps: error: --output '{output}' is part of the store at ")
+    assert run_cli_inprocess('runs', '--store', url).returncode == 0
+    assert runs.orchestrator in run_cli_inprocess('runs', '--store', url).stdout
+
+
+def test_a_failed_export_leaves_the_file_it_would_replace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    target = tmp_path / 'orch.jsonl'
+    target.write_text('the export of yesterday\n')
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError('the store went away')
+
+    monkeypatch.setattr(_commands, 'snapshot_dict', broken)
+    assert main(['export', runs.orchestrator, '-o', str(target), '--store', url]) == 1  # in this process: patched
+    assert 'the store went away' in capsys.readouterr().err
+    assert target.read_text() == 'the export of yesterday\n'
+    assert sorted(path.name for path in tmp_path.iterdir() if 'orch' in path.name) == ['orch.jsonl']  # no temp file

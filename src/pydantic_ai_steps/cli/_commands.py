@@ -8,9 +8,13 @@ has the same shape: resolve the store, read, print.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
+import os
 import sys
+import tempfile
+from collections.abc import Generator
 from typing import Any, TextIO
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter
@@ -18,6 +22,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter
 from .._errors import EffectAlreadyResolvedError
 from ..step_persistence import ContinuableSnapshot, ToolEffectRecord, continue_run
 from ..store.codec import effect_dict, event_dict, run_dict
+from ..store.registry import StoreLocation
 from . import _inspect
 from ._errors import CliError
 from ._messages import media_policy, render_messages
@@ -341,28 +346,66 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
     """
     location, store = await out.open_store(args)
     run_id, record = await _inspect.resolve_run(store, args.run, location.url)
+    if args.output:
+        _check_export_target(location, args.output)
     # A blocking file in an async command is fine here: the CLI runs nothing else concurrently.
-    target = open(args.output, 'w', encoding='utf-8') if args.output else None  # noqa: SIM115, ASYNC230
-    stream = target if target is not None else out.stream
-    try:
-        with ProgressLine(f'exporting {run_id}') as progress:
-            if record is not None:
-                _jsonl(stream, {'type': 'run', **run_dict(record)})
-            progress(1, 4)
-            for event in await store.list_events(run_id=run_id):
-                _jsonl(stream, {'type': 'event', **event_dict(event)})
-            progress(2, 4)
-            for effect in await _inspect.tool_effects(store, run_id, unresolved_only=False):
-                _jsonl(stream, {'type': 'tool_effect', **effect_dict(effect)})
-            progress(3, 4)
-            for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
-                _jsonl(stream, {'type': 'snapshot', **snapshot_dict(snapshot)})
-            progress(4, 4)
-    finally:
-        if target is not None:
-            target.close()
-    if target is not None:
+    target = _replacing(args.output) if args.output else contextlib.nullcontext(out.stream)
+    with target as stream, ProgressLine(f'exporting {run_id}') as progress:
+        if record is not None:
+            _jsonl(stream, {'type': 'run', **run_dict(record)})
+        progress(1, 4)
+        for event in await store.list_events(run_id=run_id):
+            _jsonl(stream, {'type': 'event', **event_dict(event)})
+        progress(2, 4)
+        for effect in await _inspect.tool_effects(store, run_id, unresolved_only=False):
+            _jsonl(stream, {'type': 'tool_effect', **effect_dict(effect)})
+        progress(3, 4)
+        for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
+            _jsonl(stream, {'type': 'snapshot', **snapshot_dict(snapshot)})
+        progress(4, 4)
+    if args.output:
         sys.stderr.write(f'exported run {printable(run_id)} to {printable(args.output)}\n')
+
+
+_SQLITE_SIDECARS = ('', '-wal', '-shm', '-journal')
+
+
+def _check_export_target(location: StoreLocation, output: str) -> None:
+    """Refuse an `--output` that is the store itself: the SQLite file (or its WAL, shared memory and
+    journal files), or anything inside a File store's directory."""
+    kind = location.scheme.scheme
+    if kind not in ('sqlite', 'file'):
+        return
+    target = os.path.realpath(output)
+    store = os.path.realpath(location.target)
+    if kind == 'sqlite':
+        clash = target in {store + suffix for suffix in _SQLITE_SIDECARS} or _same_file(output, location.target)
+    else:
+        clash = target == store or target.startswith(store.rstrip(os.sep) + os.sep)
+    if clash:
+        raise CliError(f'--output {output!r} is part of the store at {location.url}: write the export elsewhere')
+
+
+def _same_file(first: str, second: str) -> bool:
+    try:
+        return os.path.samefile(first, second)  # a hard link to the database
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _replacing(path: str) -> Generator[TextIO]:
+    """A file that becomes `path` only once it is written whole: a failed export leaves what was there."""
+    directory = os.path.dirname(os.path.abspath(path))
+    descriptor, name = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.', suffix='.tmp')
+    try:
+        with os.fdopen(descriptor, 'w', encoding='utf-8') as handle:
+            yield handle
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
 
 
 def _jsonl(stream: TextIO, value: dict[str, Any]) -> None:
