@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from pathlib import Path
+from typing import cast
 
 _euid: int | None = None
 """This process's effective user id, as last asked (see `_is_own`)."""
@@ -13,6 +15,30 @@ _euid: int | None = None
 
 class UnsafeEntryError(PermissionError):
     """A store entry that is a link, not the kind of entry expected there, or owned by another user."""
+
+
+_URL_SHAPED = re.compile(r'[A-Za-z][A-Za-z0-9+.-]+://')
+
+
+def store_path(value: object, owner: str, *, directory: bool) -> str:
+    """A store's path argument as a `str`, or a `ValueError` naming what was passed instead.
+
+    An empty path is refused: SQLite opens `''` as a temporary database that vanishes on close,
+    and a directory store would write into the current directory. So is a URL given where a
+    directory goes (`'file:///var/steps'` would become a folder named `file:`).
+    """
+    what = 'directory' if directory else 'database'
+    if not isinstance(value, str | os.PathLike):
+        raise ValueError(f'{owner} {what} must be a path (str or os.PathLike), got {type(value).__name__}')
+    path = os.fspath(cast('str | os.PathLike[str]', value))
+    if not isinstance(path, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError(f'{owner} {what} must be a text path, got bytes {path!r}')
+    if not path:
+        remedy = "'.' for the current directory" if directory else 'a file name, or :memory:'
+        raise ValueError(f'{owner} {what} is an empty path; pass {remedy}')
+    if directory and _URL_SHAPED.match(path):
+        raise ValueError(f'{owner} directory {path!r} is a URL, not a path; open store URLs with open_step_store(url)')
+    return path
 
 
 def check_entry(info: os.stat_result, path: Path | str, what: str, *, directory: bool) -> None:

@@ -17,6 +17,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps.media import DiskMediaStore, SqliteMediaStore
 from pydantic_ai_steps.step_persistence import (
     FileStepStore,
     InvalidRecordError,
@@ -371,3 +372,28 @@ async def test_a_tool_returning_a_file_name_that_is_not_utf8_fails_the_run_with_
     interrupted = await store.latest_snapshot(run_id=run.run_id, include_interrupted=True)
     assert interrupted is not None and interrupted.state == 'interrupted' and len(interrupted.messages) == 2
     await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ('make', 'said'),
+    [
+        (lambda: SqliteStepStore(database=''), 'SqliteStepStore database is an empty path; pass a file name'),
+        (lambda: SqliteMediaStore(database=''), 'SqliteMediaStore database is an empty path'),
+        (lambda: FileStepStore(''), "FileStepStore directory is an empty path; pass '.' for the current directory"),
+        (lambda: DiskMediaStore(''), 'DiskMediaStore directory is an empty path'),
+        (
+            lambda: FileStepStore('file:///var/lib/steps'),
+            "FileStepStore directory 'file:///var/lib/steps' is a URL, not a path; open store URLs with",
+        ),
+        (lambda: SqliteStepStore(database=b'steps.db'), 'must be a path \\(str or os.PathLike\\), got bytes'),  # pyright: ignore[reportArgumentType]
+        (lambda: FileStepStore(5), 'must be a path \\(str or os.PathLike\\), got int'),  # pyright: ignore[reportArgumentType]
+    ],
+)
+def test_a_path_that_names_no_place_is_refused_before_anything_is_written(
+    make: Callable[[], object], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`''` would be SQLite's temporary database (gone on close) or the current directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=said):
+        make()
+    assert list(tmp_path.iterdir()) == []

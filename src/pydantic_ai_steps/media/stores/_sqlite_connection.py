@@ -17,6 +17,7 @@ import anyio.to_thread
 
 from ..._closing import AsyncClosing
 from ..._errors import check_bool
+from ..._files import store_path
 from ..._sqlite import BackgroundCheckpointer, open_database, require_cross_thread_use
 
 _TABLE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
@@ -51,7 +52,7 @@ class SqliteMediaConnection(AsyncClosing):
             raise ValueError(f'invalid table name: {table!r}; expected [A-Za-z_][A-Za-z0-9_]*')
         if connection is not None:
             require_cross_thread_use(connection, 'SqliteMediaStore')
-        self._database = None if database is None else os.fspath(database)
+        self._database = None if database is None else store_path(database, 'SqliteMediaStore', directory=False)
         self._connection = connection
         self._owns_connection = connection is None
         self._table = table

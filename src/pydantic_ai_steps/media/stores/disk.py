@@ -47,7 +47,7 @@ import anyio.to_thread
 
 from ..._closing import AsyncClosing
 from ..._errors import check_bool
-from ..._files import UnsafeEntryError, check_directory, fsync_dir
+from ..._files import UnsafeEntryError, check_directory, fsync_dir, store_path
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
@@ -122,7 +122,7 @@ class DiskMediaStore(AsyncClosing):
         public_url: PublicUrlResolver | None = None,
         durable: bool = False,
     ) -> None:
-        self._root = Path(directory)
+        self._root = Path(store_path(directory, 'DiskMediaStore', directory=True))
         self.durable = check_bool(durable, 'durable')
         self._key_strategy = key_strategy
         self._public_url = public_url

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from ...._errors import check_bool
+from ...._files import store_path
 from ....media._protocol import MediaStore
 from ...base import StepStoreBase
 from ._backend import FileBackend
@@ -80,7 +81,7 @@ class FileStepStore(StepStoreBase):
         max_run_age: timedelta | None = None,
     ) -> None:
         check_bool(durable, 'durable')
-        root = Path(directory)
+        root = Path(store_path(directory, 'FileStepStore', directory=True))
         owned = media_store == 'auto'
         if media_store == 'auto':
             from ....media.stores.disk import DiskMediaStore

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Literal
 
 from ...._errors import check_bool
+from ...._files import store_path
 from ...._sqlite import require_cross_thread_use
 from ....media._protocol import MediaStore
 from ...base import StepStoreBase
@@ -79,7 +80,7 @@ class SqliteStepStore(StepStoreBase):
         check_bool(durable, 'durable')
         if connection is not None:
             require_cross_thread_use(connection, 'SqliteStepStore')
-        path = os.fspath(database) if database is not None else None
+        path = store_path(database, 'SqliteStepStore', directory=False) if database is not None else None
         backend = SqliteBackend(database=path, connection=connection, durable=durable)
         owned = media_store == 'auto'
         if media_store == 'auto':
