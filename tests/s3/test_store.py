@@ -7,6 +7,7 @@ import copy
 import hashlib
 import logging
 import pickle
+import re
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
@@ -212,6 +213,21 @@ async def test_context_dependent_key_strategy(fake: FakeS3) -> None:
 def test_constructor_rejects_bad_settings(fake: FakeS3, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_store(fake, **options)
+
+
+@pytest.mark.parametrize(
+    ('endpoint', 'message'),
+    [
+        ('ftp://u:S3cr3t@host', 'must not contain credentials'),
+        ('https//u:S3cr3t@host', "endpoint 'https//u:***@host' must look like https://host"),
+        ('https://u:S3cr3t@', 'must not contain credentials'),
+        ('https://u:S3cr3t/x@host', "endpoint 'https://u:***@host' must not have a path"),
+    ],
+)
+def test_an_endpoint_with_a_password_is_refused_without_showing_it(fake: FakeS3, endpoint: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        make_store(fake, endpoint=endpoint)
+    assert 'S3cr3t' not in str(refused.value)
 
 
 @pytest.mark.parametrize(

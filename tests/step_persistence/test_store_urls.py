@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pydantic_ai_steps._urls import redacted_url
+from pydantic_ai_steps.cli import main
 from pydantic_ai_steps.step_persistence import open_step_store
 from pydantic_ai_steps.store.registry import StoreUrlError, resolve
 
@@ -79,4 +80,50 @@ def test_a_malformed_server_url_is_a_store_url_error_naming_it(url: str, reason:
 )
 def test_redaction_hides_secret_query_parameters_too(url: str, shown: str) -> None:
     """libpq and asyncpg read `?password=`, pymongo a key file's password and AWS session tokens."""
+    assert redacted_url(url) == shown
+
+
+_MALFORMED_WITH_A_PASSWORD = [
+    'postgresql:/u:S3cr3t@host/db',
+    'postgresql:u:S3cr3t@host/db',
+    'mongodb:/u:S3cr3t@host/db',
+    ' postgresql://u:S3cr3t@host/db',
+    'postgresql//u:S3cr3t@host/db',
+]
+
+
+@pytest.mark.parametrize('url', _MALFORMED_WITH_A_PASSWORD)
+def test_a_malformed_url_is_refused_without_showing_its_password(url: str) -> None:
+    with pytest.raises(StoreUrlError) as refused:
+        open_step_store(url)
+    assert 'S3cr3t' not in str(refused.value) and '***@host/db' in str(refused.value)
+
+
+@pytest.mark.parametrize('url', _MALFORMED_WITH_A_PASSWORD)
+def test_the_cli_refuses_a_malformed_url_without_showing_its_password(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(['runs', '--store', url])
+    captured = capsys.readouterr()
+    assert code != 0 and '***@host/db' in captured.err
+    assert 'S3cr3t' not in captured.err and 'S3cr3t' not in captured.out
+
+
+@pytest.mark.parametrize(
+    ('url', 'shown'),
+    [
+        ('postgresql:/u:S3cr3t@host/db', 'postgresql:/u:***@host/db'),
+        ('postgresql:u:S3cr3t@host/db', 'postgresql:***@host/db'),  # the scheme may be the user name
+        (' postgresql://u:S3cr3t@host/db', ' postgresql://u:***@host/db'),
+        ('postgresql//u:S3cr3t@host/db', 'postgresql//u:***@host/db'),
+        ('https://u:S3cr3t@', 'https://u:***@'),
+        ('u:S3cr3t@host', 'u:***@host'),
+        ('/var/lib/steps.db', '/var/lib/steps.db'),
+        ('data/steps.db', 'data/steps.db'),
+        ('C:\\x\\steps.db', 'C:\\x\\steps.db'),
+        ('/home/me@work/steps.db', '/home/me@work/steps.db'),
+        ('C:\\Users\\me@work\\steps.db', 'C:\\Users\\me@work\\steps.db'),
+    ],
+)
+def test_redaction_finds_the_password_whatever_the_shape_and_leaves_paths_readable(url: str, shown: str) -> None:
     assert redacted_url(url) == shown

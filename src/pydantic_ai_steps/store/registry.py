@@ -78,10 +78,12 @@ class SqliteScheme(StoreScheme):
         rest = url[len('sqlite://') :] if url.lower().startswith('sqlite://') else ''
         if not rest.startswith('/') or rest == '/':
             raise StoreUrlError(
-                f'bad SQLite store URL {url!r}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db'
+                f'bad SQLite store URL {redacted_url(url)!r}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db'
             )
         if '?' in rest or '#' in rest:
-            raise StoreUrlError(f'bad SQLite store URL {url!r}: query strings and fragments are not supported')
+            raise StoreUrlError(
+                f'bad SQLite store URL {redacted_url(url)!r}: query strings and fragments are not supported'
+            )
         return StoreLocation(self, unquote(rest[1:]), url)
 
     def claims_path(self, path: Path) -> bool:
@@ -109,16 +111,20 @@ class FileScheme(StoreScheme):
     def parse(self, url: str) -> StoreLocation:
         rest = url[len('file:') :]
         if '?' in rest or '#' in rest:
-            raise StoreUrlError(f'bad file store URL {url!r}: query strings and fragments are not supported')
+            raise StoreUrlError(
+                f'bad file store URL {redacted_url(url)!r}: query strings and fragments are not supported'
+            )
         if rest.startswith('//'):
             host, slash, path = rest[2:].partition('/')
             if host not in ('', 'localhost') or not slash:
-                raise StoreUrlError(f'bad file store URL {url!r}: expected file:///absolute/dir or file:relative/dir')
+                raise StoreUrlError(
+                    f'bad file store URL {redacted_url(url)!r}: expected file:///absolute/dir or file:relative/dir'
+                )
             target = '/' + path
         else:
             target = rest
         if not target:
-            raise StoreUrlError(f'bad file store URL {url!r}: no directory given')
+            raise StoreUrlError(f'bad file store URL {redacted_url(url)!r}: no directory given')
         return StoreLocation(self, unquote(target), url)
 
     def claims_path(self, path: Path) -> bool:
@@ -139,7 +145,7 @@ class MemoryScheme(StoreScheme):
 
     def parse(self, url: str) -> StoreLocation:
         if url.rstrip('/') not in ('memory:', 'memory:/'):
-            raise StoreUrlError(f'bad memory store URL {url!r}: expected memory:')
+            raise StoreUrlError(f'bad memory store URL {redacted_url(url)!r}: expected memory:')
         return StoreLocation(self, '', 'memory:')
 
     def open(self, location: StoreLocation, **options: Any) -> ManagedStepStore:
@@ -247,10 +253,10 @@ def resolve(value: str) -> StoreLocation:
             return kind.from_path(path)
     if path.exists():
         raise StoreUrlError(
-            f'{value!r} is neither a SQLite database nor a directory; name a store like {schemes_help()}'
+            f'{redacted_url(value)!r} is neither a SQLite database nor a directory; name a store like {schemes_help()}'
         )
     raise StoreUrlError(
-        f'no store at {value!r}; a bare path must end in {", ".join(SQLITE_SUFFIXES)} (SQLite) or be an '
+        f'no store at {redacted_url(value)!r}; a bare path must end in {", ".join(SQLITE_SUFFIXES)} (SQLite) or be an '
         f'existing directory (File store), or use a URL: {schemes_help()}'
     )
 

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ...._records import utc_now
+from ...._urls import redacted_url
 from ..._context import EMPTY_CONTEXT, MediaContext
 from ..._errors import integrity_message
 from ..._protocol import (
@@ -227,17 +228,18 @@ def _parse_endpoint(endpoint: str) -> tuple[str, str]:
     """Split `scheme://host[:port]`, rejecting what path-style addressing cannot honour."""
     _require_text('endpoint', endpoint)
     parts = urlsplit(endpoint.strip())
-    if parts.scheme not in ('http', 'https') or not parts.hostname:
-        raise ValueError(f'endpoint {endpoint!r} must look like https://host[:port] (http or https)')
     if parts.username or parts.password:
         raise ValueError('endpoint must not contain credentials; pass access_key_id= and secret_access_key=')
+    shown = redacted_url(endpoint)  # a malformed `user:password@` is hidden all the same
+    if parts.scheme not in ('http', 'https') or not parts.hostname:
+        raise ValueError(f'endpoint {shown!r} must look like https://host[:port] (http or https)')
     if parts.path not in ('', '/') or parts.query or parts.fragment:
         raise ValueError(
-            f'endpoint {endpoint!r} must not have a path, query or fragment: objects are addressed as '
+            f'endpoint {shown!r} must not have a path, query or fragment: objects are addressed as '
             '<endpoint>/<bucket>/<key>, so pass the bucket as bucket= (and a key prefix as key_prefix=)'
         )
     try:
         parts.port  # noqa: B018  (validates the port)
     except ValueError:
-        raise ValueError(f'endpoint {endpoint!r} has an invalid port') from None
+        raise ValueError(f'endpoint {shown!r} has an invalid port') from None
     return parts.scheme, parts.netloc.lower()
