@@ -151,3 +151,24 @@ def test_a_failed_export_leaves_the_file_it_would_replace(
     assert 'the store went away' in capsys.readouterr().err
     assert target.read_text() == 'the export of yesterday\n'
     assert sorted(path.name for path in tmp_path.iterdir() if 'orch' in path.name) == ['orch.jsonl']  # no temp file
+
+
+@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='named pipes are POSIX')
+@pytest.mark.parametrize('name', ['steps.db', 'pipe'])
+def test_a_named_pipe_is_refused_without_blocking_on_it(tmp_path: Path, name: str) -> None:
+    pipe = tmp_path / name
+    os.mkfifo(pipe)
+    for value in (str(pipe), f'sqlite:///{pipe}'):
+        result = run_cli_inprocess('runs', '--store', value)
+        assert result.returncode == 1, value
+        named_sqlite = value.startswith('sqlite:') or name.endswith('.db')
+        assert ('is not a regular file' if named_sqlite else 'is neither a SQLite database nor a directory') in (
+            result.stderr
+        )
+
+
+def test_a_sqlite_uri_filename_is_refused_rather_than_created(tmp_path: Path) -> None:
+    result = run_cli_inprocess('runs', '--store', 'sqlite:///file:new.db', cwd=tmp_path)
+    assert result.returncode == 1
+    assert "'file:' starts a SQLite URI, not a path; a file of that name is sqlite:///./file:" in result.stderr
+    assert list(tmp_path.iterdir()) == []

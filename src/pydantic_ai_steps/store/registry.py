@@ -76,19 +76,23 @@ class SqliteScheme(StoreScheme):
 
     def parse(self, url: str) -> StoreLocation:
         rest = url[len('sqlite://') :] if url.lower().startswith('sqlite://') else ''
+        bad = f'bad SQLite store URL {redacted_url(url)!r}'
         if not rest.startswith('/') or rest == '/':
-            raise StoreUrlError(
-                f'bad SQLite store URL {redacted_url(url)!r}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db'
-            )
+            raise StoreUrlError(f'{bad}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db')
         if '?' in rest or '#' in rest:
+            raise StoreUrlError(f'{bad}: query strings and fragments are not supported')
+        target = unquote(rest[1:])
+        if target.startswith('file:'):  # SQLite may read it as a URI, which the read-only probe cannot follow
             raise StoreUrlError(
-                f'bad SQLite store URL {redacted_url(url)!r}: query strings and fragments are not supported'
+                f"{bad}: 'file:' starts a SQLite URI, not a path; a file of that name is sqlite:///./file:..."
             )
-        return StoreLocation(self, unquote(rest[1:]), url)
+        return StoreLocation(self, target, url)
 
     def claims_path(self, path: Path) -> bool:
         if path.suffix.lower() in SQLITE_SUFFIXES:
             return True
+        if not path.is_file():  # a FIFO would block the read below
+            return False
         try:
             with path.open('rb') as handle:
                 return path.is_file() and handle.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER

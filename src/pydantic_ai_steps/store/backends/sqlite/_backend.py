@@ -340,6 +340,8 @@ class SqliteBackend(SqliteConnection):
         size = sum(info.st_size for info in map(_lstat, files) if info is not None)
         if not path.exists():
             return Probe(exists=False, step_store=False, detail=f'{path} does not exist')
+        if not path.is_file():  # a FIFO would block the read below, a directory fail it
+            return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path} is not a regular file')
         try:
             with path.open('rb') as handle:
                 header = handle.read(16)
