@@ -184,6 +184,41 @@ def test_delete_prune_and_gc_show_before_they_remove(tmp_path: Path) -> None:
     assert 'removed' in collected and 'blob' in collected
 
 
+@pytest.mark.parametrize(
+    ('option', 'value', 'most'),
+    [
+        ('--older-than', '99999999999999d', 'at most 999999999d'),
+        ('--older-than', '142857143w', 'at most 142857142w (999999999 days)'),
+        ('--older-than', '9' * 5000 + 's', 'at most 86399999999999s'),
+        ('--grace', '99999999999999999w', 'at most 142857142w'),
+    ],
+)
+def test_an_age_longer_than_any_is_refused_naming_the_longest(option: str, value: str, most: str) -> None:
+    command = 'gc' if option == '--grace' else 'prune'
+    refused = run_cli_inprocess(command, option, value, '--dry-run', '--store', 'sqlite:///never-opened.db')
+    assert refused.returncode == 2, refused
+    (error,) = [line for line in refused.stderr.splitlines() if 'error:' in line]
+    assert f'argument {option}: age ' in error and most in error and len(error) < 200
+    assert 'Traceback' not in refused.stderr
+
+
+def test_huge_ages_and_counts_mean_no_bound(tmp_path: Path) -> None:
+    """An age that fits but reaches back before year 1 removes nothing; a count above what a store
+    can count means every run, in `runs --limit` and `prune --keep-last`."""
+    store, url = open_store('sqlite', tmp_path)
+    anyio.run(populate_and_close, store)
+    every = ok('runs', '--json', '--store', url)
+    huge = '9' * 30
+    assert ok('runs', '--json', '--limit', huge, '--store', url) == every
+    assert ok('runs', '--json', '--limit', '9' * 5000, '--store', url) == every
+    assert 'would remove 0 runs' in ok('prune', '--older-than', '999999999d', '--dry-run', '--store', url)
+    assert 'removed 0 runs' in ok('prune', '--older-than', '142857142w', '--yes', '--store', url)
+    kept = ok('prune', '--older-than', '30d', '--keep-last', huge, '--yes', '--store', url)
+    assert 'removed 0 runs' in kept
+    assert 'removed 0 blobs' in ok('gc', '--grace', '999999999d', '--yes', '--store', url)
+    assert ok('runs', '--json', '--store', url) == every  # nothing stored was harmed
+
+
 @pytest.mark.parametrize('command', [['delete', 'x'], ['prune', '--older-than', '1d'], ['gc']])
 def test_removing_commands_need_a_store(command: list[str]) -> None:
     result = run_cli_inprocess(*command, PYDANTIC_AI_STEPS_STORE=None)

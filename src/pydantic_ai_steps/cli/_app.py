@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import anyio
 
+from ..store.record_checks import MAX_COUNT
 from . import _commands, _maintenance
 from ._errors import CliError
 from ._inspect import STATUS_HELP
@@ -218,19 +219,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit():
+    """A whole number >= 0, of any size: above `MAX_COUNT` every store reads it as no limit.
+
+    A number with more digits than `MAX_COUNT` is that, so it is not parsed (Python refuses to
+    parse very long ones): it becomes `MAX_COUNT + 1`.
+    """
+    if not (text.isascii() and text.isdigit()):
         raise argparse.ArgumentTypeError(f'expected a whole number >= 0, got {text!r}')
-    return int(text)
+    digits = text.lstrip('0') or '0'
+    return int(digits) if len(digits) <= len(str(MAX_COUNT)) else MAX_COUNT + 1
 
 
 _UNITS = {'s': 1, 'm': 60, 'h': 3600, 'd': 86400, 'w': 604800}
+_LONGEST_AGE = timedelta.max.days * 86400 + timedelta.max.seconds
+"""The longest age in whole seconds, `timedelta.max` (999999999 days and a bit)."""
 
 
 def _age(text: str) -> timedelta:
+    """An age such as 30d, of at most `timedelta.max`: a longer one is refused naming the most in its unit.
+
+    One that fits but reaches back before year 1 is the store's to read: nothing is that old, so
+    `prune` removes nothing and `gc` collects nothing.
+    """
     number, unit = text[:-1], text[-1:].lower()
-    if unit not in _UNITS or not number.isdigit():
+    if unit not in _UNITS or not (number.isascii() and number.isdigit()):
         raise argparse.ArgumentTypeError(f'expected an age such as 30d, 12h, 90m, 45s or 2w, got {text!r}')
-    return timedelta(seconds=int(number) * _UNITS[unit])
+    digits = number.lstrip('0') or '0'
+    most = _LONGEST_AGE // _UNITS[unit]
+    if len(digits) > len(str(most)) or int(digits) > most:
+        shown = text if len(text) <= 40 else f'{text[:20]}...{text[-10:]}'
+        days = '' if unit == 'd' else f' ({timedelta.max.days} days)'
+        raise argparse.ArgumentTypeError(f'age {shown!r} is too long: at most {most}{unit}{days}')
+    return timedelta(seconds=int(digits) * _UNITS[unit])
 
 
 def _version() -> str:

@@ -22,7 +22,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .._records import RunQuery, RunRecord, RunStatus, StepEvent, utc_now
@@ -41,6 +41,18 @@ MIN_LIVE_GRACE = timedelta(seconds=2 * BLOB_MEMO_SECONDS)
 """The shortest grace collection takes while writers may run: a writer trusts a blob it put for
 `message_log.BLOB_MEMO_SECONDS` before it puts it again; the other half is the margin for the time
 between that check and the writer's commit, and for a media server's clock (it dates the puts)."""
+EARLIEST = datetime.min.replace(tzinfo=UTC)
+"""The earliest instant a `datetime` holds: the cutoff of an age reaching back further (`cutoff_for`)."""
+
+
+def cutoff_for(age: timedelta) -> datetime:
+    """The instant `age` ago, for `prune(older_than=)` and `collect_garbage(grace=)` in every store.
+
+    An age reaching back before `EARLIEST` (year 1) gives `EARLIEST` instead of overflowing:
+    nothing is older than that, so such a prune removes no run and such a collection no blob.
+    """
+    now = utc_now()
+    return now - age if age < now - EARLIEST else EARLIEST
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,7 +138,8 @@ class Maintenance:
 
         `keep_last=N` always keeps the N newest runs; `status` limits pruning to runs of that
         status (or statuses). With `dry_run=True` nothing is removed and the result lists what
-        would be.
+        would be. An `older_than` reaching back before year 1 removes nothing (`cutoff_for`), and a
+        `keep_last` above `record_checks.MAX_COUNT` keeps every run (a limit, see `checked_query`).
         """
         age = older_than if older_than is not None else self.max_run_age
         if age is None:
@@ -136,13 +149,13 @@ class Maintenance:
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(f'keep_last must be an int >= 0 or None, got {keep_last!r}')
         statuses = _statuses(status)
-        cutoff = utc_now() - age
+        cutoff = cutoff_for(age)
         doomed: dict[str, None] = {}
         for closed in ('completed', 'failed'):
-            if closed in statuses:
+            if closed in statuses and cutoff > EARLIEST:
                 for run in await self.query_runs(RunQuery(status=closed, ended_before=cutoff)):
                     doomed[run.run_id] = None
-        if 'unfinished' in statuses:
+        if 'unfinished' in statuses and cutoff > EARLIEST:
             for run in await self.query_runs(RunQuery(status='unfinished', started_before=cutoff)):
                 if await self._last_activity(run) < cutoff:
                     doomed[run.run_id] = None
@@ -209,7 +222,7 @@ class Maintenance:
                 'putting it again, so a blob a running writer is about to reference could be removed: give a '
                 f'grace of at least {MIN_LIVE_GRACE}, or writers_stopped=True if no process writes to this store'
             )
-        cutoff = utc_now() - grace
+        cutoff = cutoff_for(grace)  # a grace reaching back before year 1 collects nothing
         if not dry_run and isinstance(media, DatesUndatedBlobs):
             await media.date_undated_blobs()  # after the cutoff: dated now, a blob is not collected this time
         candidates: list[BlobInfo] = []

@@ -54,25 +54,24 @@ class Reads:
         limit: int | None = None,
     ) -> list[RunRecord]:
         """Runs matching every given filter, oldest first (newest first if asked), at most `limit`."""
-        query = checked_query(
-            RunQuery(
-                conversation_id=conversation_id,
-                parent_run_id=parent_run_id,
-                agent_name=agent_name,
-                status=status,
-                started_after=started_after,
-                started_before=started_before,
-                metadata=metadata,
-                run_metadata=run_metadata,
-                pydantic_ai_run_id=pydantic_ai_run_id,
-                newest_first=newest_first,
-                limit=limit,
-            )
+        query = RunQuery(
+            conversation_id=conversation_id,
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
+            status=status,
+            started_after=started_after,
+            started_before=started_before,
+            metadata=metadata,
+            run_metadata=run_metadata,
+            pydantic_ai_run_id=pydantic_ai_run_id,
+            newest_first=newest_first,
+            limit=limit,
         )
         return await self.query_runs(query)
 
     async def query_runs(self, query: RunQuery) -> list[RunRecord]:
-        """`list_runs` with a prepared `RunQuery`."""
+        """`list_runs` with a prepared `RunQuery`, checked by `record_checks.checked_query` first."""
+        query = checked_query(query)
         rows = await self._backend.fetch_runs(query)
         records = [record for row in rows if (record := _decoded(codec.decode_run, row, 'run record')) is not None]
         return query.apply(records)

@@ -10,6 +10,7 @@ id checked once.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from datetime import datetime
 
 from .._errors import InvalidRecordError, check_json_map, check_optional_str, check_run_id, check_str_map
@@ -25,6 +26,11 @@ from .._records import (
     ToolEffectRecord,
 )
 from .protocol import SnapshotDelta
+
+MAX_COUNT = 2**63 - 1
+"""The most runs a store can count (SQLite's, PostgreSQL's and MongoDB's integers are 64-bit): a
+`limit` or `prune(keep_last=)` above it asks for more runs than any store holds, so it means no
+limit (`checked_query`)."""
 
 
 def _note_run(run_id: str, run_ids: set[str]) -> None:
@@ -110,7 +116,12 @@ def _check_time(value: object, what: str) -> None:
 
 
 def checked_query(query: RunQuery) -> RunQuery:
-    """Reject a query whose filters have the wrong types, naming the filter."""
+    """Reject a query whose filters have the wrong types, naming the filter.
+
+    A `limit` above `MAX_COUNT` is more runs than any store can hold, so every store returns all
+    the matching runs, as with no limit (the returned query has `limit=None`), instead of the
+    64-bit stores overflowing on it.
+    """
     for name in RUN_EQUALITY_FIELDS:
         check_optional_str(getattr(query, name), name)
     if query.status is not None and query.status not in ('completed', 'failed', 'unfinished'):
@@ -122,6 +133,8 @@ def checked_query(query: RunQuery) -> RunQuery:
     limit: object = query.limit
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise ValueError(f'limit must be an int >= 0 or None, got {query.limit!r}')
+    if limit is not None and limit > MAX_COUNT:
+        query = replace(query, limit=None)
     if query.metadata is not None:
         check_str_map(query.metadata, 'metadata')
     for key, value in (query.run_metadata or {}).items():

@@ -11,8 +11,9 @@ import pytest
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolReturnPart
 
 from .._errors import EffectAlreadyResolvedError, InvalidRecordError, InvalidRunIdError
-from .._records import RunRecord, StepEvent, ToolEffectRecord
+from .._records import RunQuery, RunRecord, StepEvent, ToolEffectRecord
 from ..store.protocol import RecordBatchStore, StepStore
+from ..store.record_checks import MAX_COUNT
 from ._kernel import managed
 from ._support import T0, StoreFactory, new_run, new_run_id, snapshot, tool_cycle
 
@@ -71,6 +72,22 @@ class QueryConformance:
         assert [r.run_id for r in await runs.list_runs(agent_name=agent, limit=2)] == [earlier, ids[0]]
         assert [r.run_id for r in await runs.list_runs(agent_name=agent, newest_first=True, limit=2)] == ids[:0:-1]
         assert [r.run_id for r in await runs.list_runs(newest_first=True, limit=1)] == [ids[2]]
+
+    @pytest.mark.anyio
+    async def test_a_limit_above_what_a_store_can_count_means_every_run(self, store: StepStore) -> None:
+        """A `limit` above `MAX_COUNT` (2**63 - 1, the 64-bit stores' most) returns every matching run,
+        as no limit does, in every store; one up to it is an ordinary limit."""
+        runs = managed(store)
+        agent = new_run_id('huge-limit')
+        ids = [await new_run(runs, agent_name=agent, started_at=T0 + timedelta(minutes=minute)) for minute in range(3)]
+        for limit in (MAX_COUNT, MAX_COUNT + 1, 2**64, 10**30):
+            assert [r.run_id for r in await runs.list_runs(agent_name=agent, limit=limit)] == ids, limit
+            newest = await runs.list_runs(agent_name=agent, newest_first=True, limit=limit)
+            assert [r.run_id for r in newest] == ids[::-1], limit
+            queried = await runs.query_runs(RunQuery(agent_name=agent, newest_first=True, limit=limit))
+            assert [r.run_id for r in queried] == ids[::-1], limit
+        with pytest.raises(ValueError, match='limit must be an int >= 0'):
+            await runs.list_runs(limit=-(2**64))
 
     @pytest.mark.anyio
     async def test_list_runs_by_run_metadata_and_pydantic_ai_run_id(self, store: StepStore) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import anyio
 import anyio.lowlevel
@@ -11,8 +11,9 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, User
 
 from .._errors import RunNotFoundError
 from .._records import StepEvent, ToolEffectRecord, utc_now
-from ..store.maintenance import CollectableMediaStore
+from ..store.maintenance import EARLIEST, CollectableMediaStore
 from ..store.protocol import ManagedStepStore, StepStore
+from ..store.record_checks import MAX_COUNT
 from ._kernel import managed
 from ._support import T0, StoreFactory, dump, new_run, new_run_id, snapshot, tool_cycle
 
@@ -115,6 +116,37 @@ class RetentionConformance:
         assert kept == (set(ids) & set(newest_everywhere)) or kept == set()
         if newest_everywhere[0] in ids:
             assert kept == {ids[-1]}
+
+    @pytest.mark.anyio
+    async def test_an_age_before_year_one_or_a_keep_last_beyond_counting_removes_nothing(
+        self, make_store: StoreFactory
+    ) -> None:
+        """`older_than` (or `grace`) reaching back before the earliest datetime: nothing is that old, so
+        nothing goes (the cutoff reads `EARLIEST`). `keep_last` above `MAX_COUNT` keeps every run."""
+        runs = managed(make_store())
+        old = utc_now() - timedelta(days=40)
+        ids: list[str] = []
+        for kind in ('run_completed', 'run_failed', 'run_started'):
+            run_id = await new_run(runs, started_at=old)
+            await runs.append_event(StepEvent(run_id=run_id, kind=kind, step_index=1, timestamp=old))  # pyright: ignore[reportArgumentType]
+            ids.append(run_id)
+        assert set((await runs.prune(older_than=timedelta(days=30), dry_run=True)).run_ids) == set(ids)
+        for age in (timedelta(days=999_999_999), timedelta.max, utc_now() - EARLIEST + timedelta(seconds=1)):
+            for dry_run in (True, False):
+                result = await runs.prune(older_than=age, dry_run=dry_run)
+                assert result.run_ids == [] and result.cutoff == EARLIEST, age
+        for keep_last in (MAX_COUNT + 1, 2**64, 10**30):
+            for dry_run in (True, False):
+                kept = await runs.prune(older_than=timedelta(days=30), keep_last=keep_last, dry_run=dry_run)
+                assert kept.run_ids == [], keep_last
+        reaching_year_two = utc_now() - datetime(2, 1, 1, tzinfo=UTC)  # a cutoff every store can still compare
+        assert (await runs.prune(older_than=reaching_year_two)).run_ids == []
+        assert {run.run_id for run in await runs.list_runs()} == set(ids)  # nothing stored was harmed
+        if runs.media_store is not None:
+            assert (await runs.collect_garbage(grace=timedelta.max)).blobs == []
+        edge = await runs.prune(older_than=timedelta(days=30), keep_last=MAX_COUNT)  # still a count: keeps all
+        assert edge.run_ids == []
+        assert set((await runs.prune(older_than=timedelta(days=30))).run_ids) == set(ids)
 
     @pytest.mark.anyio
     async def test_a_delete_racing_a_write_leaves_the_whole_run_or_none_of_it(self, store: StepStore) -> None:
