@@ -82,6 +82,11 @@ class StepStoreBase(Reads, Maintenance, AsyncClosing):
         if max_run_age is not None and (not isinstance(max_run_age, timedelta) or max_run_age <= timedelta(0)):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(f'max_run_age must be a positive timedelta or None, got {max_run_age!r}')
         self.max_run_age = max_run_age
+        if media_store is not None and not all(callable(getattr(media_store, name, None)) for name in ('put', 'get')):
+            raise TypeError(
+                "media_store must be a media store (an object with async put() and get()), 'auto' or None; "
+                f'got {type(media_store).__name__} {media_store!r}'[:300]
+            )
         self.media_store = media_store
         self._backend = backend
         self._encoding = backend.encoding
