@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from datetime import timedelta
 
-from ..store.maintenance import GarbageResult
+from ..store.maintenance import MIN_LIVE_GRACE, GarbageResult
 from ..store.protocol import ManagedStepStore
 from . import _inspect
 from ._errors import CliError
@@ -54,6 +54,12 @@ async def cmd_gc(args: argparse.Namespace, out: Output) -> None:
     if store.media_store is None:
         out.line('this store keeps media inline: there are no blobs to collect')
         return
+    if args.grace < MIN_LIVE_GRACE and not args.writers_stopped:  # the library's rule, in the CLI's words
+        raise CliError(
+            f'--grace {_shown_age(args.grace)} is under {_shown_age(MIN_LIVE_GRACE)}: a writer still running could be '
+            'about to reference a blob put that recently; give a longer --grace, or --writers-stopped if no process '
+            'writes to this store meanwhile'
+        )
     plan = await store.collect_garbage(grace=args.grace, dry_run=True, writers_stopped=args.writers_stopped)
     if args.dry_run or not args.yes:
         out.line(_garbage_line(plan, 'would remove'))
@@ -115,3 +121,11 @@ async def _with_delegates(store: ManagedStepStore, run_ids: list[str]) -> list[s
 
 async def _size(store: ManagedStepStore) -> int | None:
     return (await store.probe()).size_bytes
+
+
+def _shown_age(age: timedelta) -> str:
+    seconds = int(age.total_seconds())
+    for unit, length in (('w', 604800), ('d', 86400), ('h', 3600), ('m', 60)):
+        if seconds and seconds % length == 0:
+            return f'{seconds // length}{unit}'
+    return f'{seconds}s'
