@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pydantic_ai_steps._urls import redacted_url
 from pydantic_ai_steps.cli import main
-from pydantic_ai_steps.step_persistence import open_step_store
+from pydantic_ai_steps.step_persistence import FileStepStore, SqliteStepStore, open_step_store
 from pydantic_ai_steps.store.registry import StoreUrlError, resolve
 
 
@@ -127,3 +129,20 @@ def test_the_cli_refuses_a_malformed_url_without_showing_its_password(
 )
 def test_redaction_finds_the_password_whatever_the_shape_and_leaves_paths_readable(url: str, shown: str) -> None:
     assert redacted_url(url) == shown
+
+
+@pytest.mark.anyio
+async def test_a_path_object_opens_the_store_it_names(tmp_path: Path) -> None:
+    store = open_step_store(tmp_path / 'runs.db')
+    assert isinstance(store, SqliteStepStore)
+    await store.aclose()
+    (tmp_path / 'dir').mkdir()
+    store = open_step_store(tmp_path / 'dir')
+    assert isinstance(store, FileStepStore)
+    await store.aclose()
+
+
+@pytest.mark.parametrize(('value', 'said'), [(b'runs.db', 'got bytes'), (None, 'got NoneType'), (5, 'got int')])
+def test_a_store_url_of_another_type_is_refused_naming_the_type(value: object, said: str) -> None:
+    with pytest.raises(StoreUrlError, match=f'a store URL must be a str \\(or a path\\), {said}'):
+        open_step_store(value)  # pyright: ignore[reportArgumentType]

@@ -13,6 +13,7 @@ only when a URL names them, so their drivers stay optional. Built in:
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -237,9 +238,16 @@ def schemes_help() -> str:
     return ', '.join(dict.fromkeys(kind.example for kind in SCHEMES.values()))
 
 
-def resolve(value: str) -> StoreLocation:
-    """Parse a store URL of a registered scheme, or a bare path whose shape names one."""
-    if not isinstance(value, str) or not value:  # pyright: ignore[reportUnnecessaryIsInstance]
+def resolve(value: str | os.PathLike[str]) -> StoreLocation:
+    """Parse a store URL of a registered scheme, or a bare path (a `str` or a `Path`) whose shape names one."""
+    if isinstance(value, os.PathLike):
+        fspath = os.fspath(value)
+        if not isinstance(fspath, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise StoreUrlError(f'a store path must be text, got {type(fspath).__name__}')
+        return _from_path(fspath)
+    if not isinstance(value, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise StoreUrlError(f'a store URL must be a str (or a path), got {type(value).__name__}')
+    if not value:
         raise StoreUrlError(f'empty store URL; expected one of {schemes_help()}, or a path')
     match = _SCHEME.match(value)
     if match is not None:
@@ -251,6 +259,10 @@ def resolve(value: str) -> StoreLocation:
                 f'unknown store scheme {scheme + ":"!r} in {redacted_url(value)!r}; known schemes: {known}'
             )
         return kind.parse(value)
+    return _from_path(value)
+
+
+def _from_path(value: str) -> StoreLocation:
     path = Path(value).expanduser()
     for kind in dict.fromkeys(SCHEMES.values()):
         if kind.claims_path(path):
@@ -265,7 +277,7 @@ def resolve(value: str) -> StoreLocation:
     )
 
 
-def open_step_store(url: str, **options: Any) -> ManagedStepStore:
+def open_step_store(url: str | os.PathLike[str], **options: Any) -> ManagedStepStore:
     """The store a URL names, with the store's own keyword arguments (`max_snapshots_per_run=` and so on).
 
     ```python
