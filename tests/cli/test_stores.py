@@ -265,12 +265,11 @@ def _with_database(dsn: str, database: str) -> str:
         ),
         (
             lambda dsn: _with_database(dsn, 'no_such_database'),
-            'cannot open the store at {url}: the server refused the connection: database "no_such_database" does '
-            'not exist',
+            'cannot open the store at {url}: the server refused: database "no_such_database" does not exist',
         ),
         (
             lambda dsn: dsn.replace('//steps@', '//no_such_role:s3cret@'),
-            'cannot open the store at {url}: the server refused the connection: role "no_such_role" does not exist',
+            'cannot open the store at {url}: the server refused: role "no_such_role" does not exist',
         ),
         (
             lambda dsn: dsn + '?sslmode=bogus',
@@ -309,3 +308,24 @@ def test_a_bad_keyword_option_is_not_blamed_on_the_url() -> None:
     with pytest.raises(ValueError, match="invalid table name: 'BAD-x'") as raised:
         registry.open_step_store(dsn, table='BAD-x')
     assert not isinstance(raised.value, registry.StoreUrlError)
+
+
+class _Unauthenticated(InMemoryStepStore):
+    """What pymongo raises when the server refuses the credentials: its message, then the whole reply."""
+
+    async def probe(self) -> Probe:
+        from pymongo.errors import OperationFailure
+
+        reply = {'ok': 0.0, 'errmsg': 'Authentication failed.', 'code': 18, '$clusterTime': {'signature': b'\x00' * 8}}
+        raise OperationFailure('Authentication failed.', code=18, details=reply)
+
+
+def test_a_mongodb_server_refusing_the_credentials_is_its_message_in_one_line(
+    dict_scheme: _DictScheme, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dict_scheme.stores['locked'] = _Unauthenticated()
+    assert main(['runs', '--store', 'dictmem://locked']) == 1
+    assert capsys.readouterr().err == (
+        'pydantic-ai-steps: error: cannot open the store at dictmem://locked: the server refused: '
+        'Authentication failed.\n'
+    )

@@ -46,10 +46,9 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
         await store.aclose()
         if isinstance(error, StoreUrlError):  # what the driver found wrong with the URL when it used it
             raise CliError(f'cannot open the store at {location.url}: {error}') from None
-        if sqlstate(error) in REFUSALS:
-            raise CliError(
-                f'cannot open the store at {location.url}: the server refused the connection: {error}'
-            ) from None
+        no = refusal(error)
+        if no is not None:
+            raise CliError(f'cannot open the store at {location.url}: the server refused: {no}') from None
         reason = unreachable(error)
         if reason is not None:
             raise CliError(f'cannot reach the store at {location.url}: {reason}') from None
@@ -70,6 +69,22 @@ REFUSALS = frozenset({'3D000', '28000', '28P01'})
 """SQLSTATEs of a PostgreSQL server that answered and said no: no such database, no such role (or
 no `pg_hba.conf` entry), a wrong password. Permanent, so the driver's error stays what a program
 sees; the CLI says it in one line."""
+MONGO_REFUSALS = frozenset({13, 18})
+"""MongoDB's `Unauthorized` and `AuthenticationFailed` codes."""
+
+
+def refusal(error: BaseException) -> str | None:
+    """What a server that answered and refused said (its message only: pymongo's goes on with the
+    whole reply), or `None` for any other error."""
+    if sqlstate(error) in REFUSALS:
+        return str(error)
+    try:
+        from pymongo.errors import OperationFailure
+    except ImportError:  # pragma: no cover - the mongodb extra is not installed
+        return None
+    if isinstance(error, OperationFailure) and error.code in MONGO_REFUSALS:
+        return str(error).split(', full error:', 1)[0]
+    return None
 
 
 def unreachable(error: BaseException) -> str | None:
