@@ -329,3 +329,15 @@ def test_a_mongodb_server_refusing_the_credentials_is_its_message_in_one_line(
         'pydantic-ai-steps: error: cannot open the store at dictmem://locked: the server refused: '
         'Authentication failed.\n'
     )
+
+
+def test_a_postgresql_url_with_its_host_in_the_query_reaches_the_server(capsys: pytest.CaptureFixture[str]) -> None:
+    """libpq's form for Unix sockets and host lists: `postgresql://user@/db?host=...&port=...`."""
+    dsn = require_env('TEST_POSTGRES_DSN')['TEST_POSTGRES_DSN']
+    netloc = dsn.split('://', 1)[1].split('/', 1)[0]
+    host, port = netloc.split('@', 1)[1].rsplit(':', 1)
+    url = dsn.replace(f'@{host}:{port}/', '@/') + f'?host={host}&port={port}&table=no_such_prefix'
+    assert main(['runs', '--store', url]) == 1
+    assert capsys.readouterr().err == (
+        f"pydantic-ai-steps: error: no store at {url} (no tables with the prefix 'no_such_prefix')\n"
+    )

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from .._errors import StoreUrlError
 from .._urls import raw_userinfo, redacted_url
@@ -181,7 +181,7 @@ class ServerScheme(StoreScheme):
             raise StoreUrlError(
                 f'bad {self.scheme} store URL {redacted_url(url)!r}: {error}; expected {self.example}'
             ) from None
-        if not parts.hostname and parts.scheme != 'mongodb+srv':
+        if not parts.hostname and parts.scheme != 'mongodb+srv' and not _host_in_query(parts.query):
             raise StoreUrlError(f'bad {self.scheme} store URL {redacted_url(url)!r}: no host; expected {self.example}')
         return StoreLocation(self, url, redacted_url(url))
 
@@ -192,6 +192,11 @@ class ServerScheme(StoreScheme):
         except ImportError as error:
             raise StoreUrlError(f'{location.url} needs a driver that is not installed: {error}') from None
         return getattr(module, attribute)(location, **options)
+
+
+def _host_in_query(query: str) -> bool:
+    """libpq's form for a Unix socket or several hosts: `postgresql://user@/db?host=/run/postgresql`."""
+    return any(name == 'host' and value for name, value in parse_qsl(query, keep_blank_values=True))
 
 
 def _password_split_early(url: str) -> bool:
