@@ -65,7 +65,7 @@ def url_problem(db_url: str) -> str | None:
         return None
     try:
         parse_uri(db_url)
-    except (PyMongoError, ValueError) as error:
+    except (PyMongoError, ValueError, OSError) as error:  # OSError: a TLS file it cannot read
         said = str(error)
         unknown = _unknown_options(db_url) if said.startswith('Unknown option') else []
         return f'unknown option {", ".join(map(repr, unknown))}: {said}' if unknown else said  # pymongo names none

@@ -341,3 +341,12 @@ def test_a_postgresql_url_with_its_host_in_the_query_reaches_the_server(capsys: 
     assert capsys.readouterr().err == (
         f"pydantic-ai-steps: error: no store at {url} (no tables with the prefix 'no_such_prefix')\n"
     )
+
+
+def test_a_mongodb_url_naming_a_tls_file_that_cannot_be_read_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    server = require_env('TEST_MONGODB_URL')['TEST_MONGODB_URL']
+    url = f'{server}/agents?tls=true&tlsCertificateKeyFile=/no/such/key.pem'
+    assert main(['runs', '--store', url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"pydantic-ai-steps: error: bad mongodb store URL '{url}': ")
+    assert 'tlscertificatekeyfile file is not readable' in err and '--debug' not in err and err.count('\n') == 1
