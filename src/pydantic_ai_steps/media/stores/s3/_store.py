@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Mapping
@@ -82,7 +83,7 @@ class S3MediaStore(S3Collection, S3Multipart):
             )
         self._scheme, self._host = _parse_endpoint(endpoint)
         _require_text('region', region)
-        if '/' in region or region.strip() != region:
+        if not _REGION.fullmatch(region):
             raise ValueError(f'region {region!r} must be a bare region name such as "us-east-1" or "auto"')
         _require_text('access_key_id', access_key_id)
         if not isinstance(secret_access_key, str) or not secret_access_key:  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -91,19 +92,13 @@ class S3MediaStore(S3Collection, S3Multipart):
             raise ValueError('session_token must be a non-empty string or None')
         if not isinstance(key_prefix, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(f'key_prefix must be a string, got {type(key_prefix).__name__}')
-        if not isinstance(max_retries, int) or max_retries < 0:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f'max_retries must be an int >= 0, got {max_retries!r}')
-        if retry_backoff_seconds < 0:
-            raise ValueError(f'retry_backoff_seconds must be >= 0, got {retry_backoff_seconds!r}')
-        if multipart_threshold_bytes < 1:
-            raise ValueError(f'multipart_threshold_bytes must be >= 1, got {multipart_threshold_bytes!r}')
-        if multipart_part_size_bytes < MIN_PART_SIZE:
-            raise ValueError(
-                f'multipart_part_size_bytes must be >= {MIN_PART_SIZE} (5 MiB, the S3 minimum), '
-                f'got {multipart_part_size_bytes!r}'
-            )
-        if multipart_concurrency < 1:
-            raise ValueError(f'multipart_concurrency must be >= 1, got {multipart_concurrency!r}')
+        _check_whole('max_retries', max_retries, 0)
+        _check_seconds('retry_backoff_seconds', retry_backoff_seconds, zero=True)
+        if not isinstance(timeout, httpx.Timeout):
+            _check_seconds('timeout', timeout, zero=False)
+        _check_whole('multipart_threshold_bytes', multipart_threshold_bytes, 1)
+        _check_whole('multipart_part_size_bytes', multipart_part_size_bytes, MIN_PART_SIZE, '(5 MiB, the S3 minimum)')
+        _check_whole('multipart_concurrency', multipart_concurrency, 1)
         if client is not None and transport is not None:
             raise ValueError('pass client= or transport=, not both (a given client already has its transport)')
 
@@ -222,6 +217,23 @@ class S3MediaStore(S3Collection, S3Multipart):
 def _require_text(name: str, value: object) -> None:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f'{name} must be a non-empty string, got {value!r}')
+
+
+_REGION = re.compile(r'[A-Za-z0-9_.-]+')
+
+
+def _check_whole(name: str, value: object, least: int, why: str = '') -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        shown = f'{least} {why}'.rstrip()
+        raise ValueError(f'{name} must be an int >= {shown}, got {value!r}')
+
+
+def _check_seconds(name: str, value: object, *, zero: bool) -> None:
+    """A number of seconds: finite, and positive (or also zero, if `zero`)."""
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero):  # pyright: ignore[reportOperatorIssue]
+        bound = '>= 0' if zero else '> 0'
+        raise ValueError(f'{name} must be a finite number of seconds {bound}, got {value!r}')
 
 
 def _parse_endpoint(endpoint: str) -> tuple[str, str]:
