@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -172,3 +173,12 @@ def test_a_sqlite_uri_filename_is_refused_rather_than_created(tmp_path: Path) ->
     assert result.returncode == 1
     assert "'file:' starts a SQLite URI, not a path; a file of that name is sqlite:///./file:" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_stats_through_a_link_to_the_database_counts_the_database(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    anyio.run(populate_and_close, store)
+    (tmp_path / 'link.db').symlink_to(tmp_path / 'steps.db')
+    direct = json.loads(run_cli_inprocess('stats', '--json', '--store', url).stdout)
+    linked = json.loads(run_cli_inprocess('stats', '--json', '--store', str(tmp_path / 'link.db')).stdout)
+    assert linked['bytes'] == direct['bytes'] >= (tmp_path / 'steps.db').stat().st_size > 4096

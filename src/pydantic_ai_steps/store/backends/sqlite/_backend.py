@@ -336,8 +336,9 @@ class SqliteBackend(SqliteConnection):
         if self._database is None or self._database == _MEMORY or self._database.startswith('file:'):
             return Probe(exists=True, step_store=True)
         path = Path(self._database)
-        files = [path, *(path.with_name(path.name + suffix) for suffix in ('-wal', '-journal'))]
-        size = sum(info.st_size for info in map(_lstat, files) if info is not None)
+        real = path.resolve()  # SQLite follows a link to the database, and keeps its WAL beside the target
+        files = [real, *(real.with_name(real.name + suffix) for suffix in ('-wal', '-journal'))]
+        size = sum(info.st_size for info in map(_stat, files) if info is not None)
         if not path.exists():
             return Probe(exists=False, step_store=False, detail=f'{path} does not exist')
         if not path.is_file():  # a FIFO would block the read below, a directory fail it
@@ -366,8 +367,8 @@ class SqliteBackend(SqliteConnection):
         return Probe(exists=True, step_store=True, size_bytes=size)
 
 
-def _lstat(path: Path) -> os.stat_result | None:
+def _stat(path: Path) -> os.stat_result | None:
     try:
-        return os.lstat(path)
+        return os.stat(path)
     except OSError:
         return None
