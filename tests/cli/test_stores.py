@@ -49,6 +49,8 @@ def test_urls(url: str, scheme: str, target: str) -> None:
         ('sqlite:///', 'expected sqlite:///relative/path.db'),
         ('sqlite:steps.db', 'expected sqlite:///relative/path.db'),
         ('sqlite:///steps.db?mode=ro', 'query strings and fragments are not supported'),
+        ('sqlite:////', "bad SQLite store URL 'sqlite:////': no database file named"),
+        ('sqlite:///a%00b.db', 'a path cannot hold a NUL character (%00)'),
         ('file://server/share', 'expected file:///absolute/dir or file:relative/dir'),
         ('file:', 'no directory given'),
         (

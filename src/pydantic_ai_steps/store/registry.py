@@ -83,6 +83,12 @@ class SqliteScheme(StoreScheme):
         if '?' in rest or '#' in rest:
             raise StoreUrlError(f'{bad}: query strings and fragments are not supported')
         target = unquote(rest[1:])
+        if '\x00' in target:
+            raise StoreUrlError(f'{bad}: a path cannot hold a NUL character (%00)')
+        if not Path(target).name:
+            raise StoreUrlError(
+                f'{bad}: no database file named; expected sqlite:///relative/path.db or sqlite:////absolute/path.db'
+            )
         if target.startswith('file:'):  # SQLite may read it as a URI, which the read-only probe cannot follow
             raise StoreUrlError(
                 f"{bad}: 'file:' starts a SQLite URI, not a path; a file of that name is sqlite:///./file:..."
