@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 from pathlib import Path
 
 import anyio
@@ -182,3 +183,29 @@ def test_stats_through_a_link_to_the_database_counts_the_database(tmp_path: Path
     direct = json.loads(run_cli_inprocess('stats', '--json', '--store', url).stdout)
     linked = json.loads(run_cli_inprocess('stats', '--json', '--store', str(tmp_path / 'link.db')).stdout)
     assert linked['bytes'] == direct['bytes'] >= (tmp_path / 'steps.db').stat().st_size > 4096
+
+
+def test_export_keeps_the_mode_of_the_file_it_replaces_and_writes_through_a_link(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    kept = tmp_path / 'kept.jsonl'
+    kept.write_text('old\n')
+    kept.chmod(0o644)
+    real = tmp_path / 'real.jsonl'
+    real.write_text('old\n')
+    (tmp_path / 'link.jsonl').symlink_to(real)
+    for output in (kept, tmp_path / 'link.jsonl'):
+        assert run_cli_inprocess('export', runs.orchestrator, '-o', str(output), '--store', url).returncode == 0
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o644 and kept.read_text().startswith('{"type":"run"')
+    assert (tmp_path / 'link.jsonl').is_symlink() and real.read_text().startswith('{"type":"run"')
+    new = tmp_path / ('x' * 240 + '.jsonl')  # a long name: the temporary file's name is short
+    assert run_cli_inprocess('export', runs.orchestrator, '-o', str(new), '--store', url).returncode == 0
+    assert stat.S_IMODE(new.stat().st_mode) == 0o600  # private, as the store's own files
+    missing = run_cli_inprocess('export', runs.orchestrator, '-o', str(tmp_path / 'no' / 'x.jsonl'), '--store', url)
+    assert missing.returncode == 1 and f"cannot write --output '{tmp_path / 'no' / 'x.jsonl'}'" in missing.stderr
+
+
+def test_a_bare_path_starting_with_file_colon_is_that_file_not_a_sqlite_uri(tmp_path: Path) -> None:
+    result = run_cli_inprocess('runs', '--store', './file:y.db', cwd=tmp_path)
+    assert result.returncode == 1 and 'does not exist' in result.stderr
+    assert list(tmp_path.iterdir()) == []

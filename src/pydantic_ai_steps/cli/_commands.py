@@ -12,6 +12,7 @@ import contextlib
 import getpass
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Generator
@@ -395,10 +396,25 @@ def _same_file(first: str, second: str) -> bool:
 
 @contextlib.contextmanager
 def _replacing(path: str) -> Generator[TextIO]:
-    """A file that becomes `path` only once it is written whole: a failed export leaves what was there."""
-    directory = os.path.dirname(os.path.abspath(path))
-    descriptor, name = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.', suffix='.tmp')
+    """A regular file that becomes `path` only once it is written whole, so a failed export leaves
+    what was there (keeping its mode; a new file is private, as the stores' own files are). Anything
+    else (a link, `/dev/stdout`, a pipe) is written through, as `open` would."""
     try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        with open(path, 'w', encoding='utf-8') as handle:
+            yield handle
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        descriptor, name = tempfile.mkstemp(dir=directory, prefix='.export-', suffix='.tmp')
+    except OSError as error:
+        raise CliError(f'cannot write --output {path!r}: {error.strerror}') from None
+    try:
+        if info is not None:
+            os.chmod(name, stat.S_IMODE(info.st_mode))
         with os.fdopen(descriptor, 'w', encoding='utf-8') as handle:
             yield handle
         os.replace(name, path)
