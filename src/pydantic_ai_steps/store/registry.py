@@ -107,6 +107,8 @@ class SqliteScheme(StoreScheme):
             return False
 
     def from_path(self, path: Path) -> StoreLocation:
+        if str(path).startswith('file:'):  # `./file:x.db`: SQLite would read `file:x.db` as a URI
+            path = path.absolute()
         return StoreLocation(self, str(path), 'sqlite:///' + quote(path.as_posix(), safe='/:~'))
 
     def open(self, location: StoreLocation, **options: Any) -> ManagedStepStore:
