@@ -399,13 +399,14 @@ def test_a_path_that_names_no_place_is_refused_before_anything_is_written(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize('media_store', ['disk', 5, object()])
+@pytest.mark.parametrize('media_store', ['disk', 5, object(), 's3://AKIAEXAMPLE:s3cr3t@minio:9000/bucket'])
 def test_a_media_store_that_is_not_one_is_refused_at_construction(media_store: object, tmp_path: Path) -> None:
     """Not at the first large payload, after the run was registered."""
     for make in (
         lambda: SqliteStepStore(database=tmp_path / 's.db', media_store=media_store),  # pyright: ignore[reportArgumentType]
         lambda: FileStepStore(tmp_path / 'f', media_store=media_store),  # pyright: ignore[reportArgumentType]
     ):
-        with pytest.raises(TypeError, match=r'media_store must be a media store \(an object with async put'):
+        with pytest.raises(TypeError, match=r'media_store must be a media store \(an object with async put') as refused:
             make()
+        assert f'got {type(media_store).__name__}' in str(refused.value) and 's3cr3t' not in str(refused.value)
     assert list(tmp_path.iterdir()) == []

@@ -83,9 +83,9 @@ class StepStoreBase(Reads, Maintenance, AsyncClosing):
             raise ValueError(f'max_run_age must be a positive timedelta or None, got {max_run_age!r}')
         self.max_run_age = max_run_age
         if media_store is not None and not all(callable(getattr(media_store, name, None)) for name in ('put', 'get')):
-            raise TypeError(
-                "media_store must be a media store (an object with async put() and get()), 'auto' or None; "
-                f'got {type(media_store).__name__} {media_store!r}'[:300]
+            raise TypeError(  # the type only: a value given here by mistake may hold credentials
+                'media_store must be a media store (an object with async put() and get()) or None '
+                f"('auto' too, in a store with a default one), got {type(media_store).__name__}"
             )
         self.media_store = media_store
         self._backend = backend
