@@ -223,12 +223,19 @@ class _Vanishing(InMemoryStepStore):
         raise StoreUnavailableError('the PostgreSQL server named by dsn= could not be reached: ConnectionResetError')
 
 
+def _runs_error(
+    dict_scheme: _DictScheme, capsys: pytest.CaptureFixture[str], name: str, store: InMemoryStepStore
+) -> str:
+    """What `runs` prints on stderr (and that it fails) for a `dictmem://` store behaving as `store` does."""
+    dict_scheme.stores[name] = store
+    assert main(['runs', '--store', f'dictmem://{name}']) == 1
+    return capsys.readouterr().err
+
+
 def test_a_server_lost_during_a_command_is_one_line_without_a_traceback_hint(
     dict_scheme: _DictScheme, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dict_scheme.stores['gone'] = _Vanishing()
-    assert main(['runs', '--store', 'dictmem://gone']) == 1
-    assert capsys.readouterr().err == (
+    assert _runs_error(dict_scheme, capsys, 'gone', _Vanishing()) == (
         'pydantic-ai-steps: error: lost the store: the PostgreSQL server named by dsn= could not be reached: '
         'ConnectionResetError\n'
     )
@@ -246,9 +253,7 @@ class _Exhausted(InMemoryStepStore):
 def test_a_drivers_own_timeout_is_its_message_not_the_probe_deadline(
     dict_scheme: _DictScheme, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dict_scheme.stores['busy'] = _Exhausted()
-    assert main(['runs', '--store', 'dictmem://busy']) == 1
-    assert capsys.readouterr().err == (
+    assert _runs_error(dict_scheme, capsys, 'busy', _Exhausted()) == (
         'pydantic-ai-steps: error: cannot reach the store at dictmem://busy: '
         'no connection became free within 5 s (pool of 1)\n'
     )
@@ -325,9 +330,7 @@ class _Unauthenticated(InMemoryStepStore):
 def test_a_mongodb_server_refusing_the_credentials_is_its_message_in_one_line(
     dict_scheme: _DictScheme, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dict_scheme.stores['locked'] = _Unauthenticated()
-    assert main(['runs', '--store', 'dictmem://locked']) == 1
-    assert capsys.readouterr().err == (
+    assert _runs_error(dict_scheme, capsys, 'locked', _Unauthenticated()) == (
         'pydantic-ai-steps: error: cannot open the store at dictmem://locked: the server refused: '
         'Authentication failed.\n'
     )
