@@ -127,14 +127,14 @@ class MessageLog:
                 if 'surrogates not allowed' not in str(error):
                     raise
                 raise _lone_surrogate(snapshot.run_id, position) from None
-            if '\ufffd' in text and _holds_lone_surrogate(MessageAdapter.dump_python(message)):
-                raise _lone_surrogate(snapshot.run_id, position)  # pydantic replaced one in a dict key
             spelled = part_values(message) if position >= tail and type(message) is ModelRequest else None
             digest = content_digest(text)
             digests[position] = digest
             weights[position] = len(text) + offloaded
             if delta.stored_at(position) == digest:
                 continue
+            if '\ufffd' in text and _holds_lone_surrogate(MessageAdapter.dump_python(message)):
+                raise _lone_surrogate(snapshot.run_id, position)  # pydantic put U+FFFD for one in a dict key
             stored = await self._externalize(text, placeholders)
             if self.max_text_bytes is not None and _utf8_length(stored) > self.max_text_bytes:
                 stored = await self._fit(snapshot, position, text, stored, placeholders)
