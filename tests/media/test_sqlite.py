@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from pydantic_ai_steps.media import MediaContext, MediaIntegrityError, SqliteMediaStore, media_uri_for
+from pydantic_ai_steps.step_persistence import RunRecord, SqliteStepStore
 
 pytestmark = pytest.mark.anyio
 
@@ -114,6 +115,29 @@ async def test_older_table_without_metadata_column_is_migrated(tmp_path: Path) -
     uri = await store.put(b'new', context=MediaContext(media_type='text/plain', metadata={'x': 'y'}))
     assert await store.get_metadata(uri) == {'x': 'y'}
     store.close()
+
+
+async def test_a_table_that_is_not_a_media_table_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / 'steps.db'
+    async with SqliteStepStore(database=path) as steps:
+        await steps.register_run(RunRecord(run_id='kept'))
+
+    def layout() -> tuple[list[str], list[tuple[object, ...]]]:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            tables = sorted(row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+            return tables, conn.execute('PRAGMA table_info(runs)').fetchall()
+
+    before = layout()
+    store = SqliteMediaStore(database=path, table='runs')
+    with pytest.raises(ValueError, match=r"table 'runs' in this database is not a media table .*sha256") as caught:
+        await store.put(b'payload')
+    assert 'nothing was changed' in str(caught.value)
+    with pytest.raises(ValueError, match='not a media table'):
+        await store.get(media_uri_for(b'payload'))
+    store.close()
+    assert layout() == before  # no column added to `runs`, no `runs_chunks` created
+    async with SqliteStepStore(database=path) as steps:
+        assert [run.run_id for run in await steps.list_runs()] == ['kept']
 
 
 async def test_foreign_rows_of_the_wrong_type_are_a_clear_error(tmp_path: Path) -> None:

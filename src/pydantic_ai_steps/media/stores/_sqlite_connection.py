@@ -23,6 +23,8 @@ from ..._sqlite import BackgroundCheckpointer, open_database, require_cross_thre
 _TABLE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
 COLUMNS = frozenset({'sha256', 'media_type', 'bytes', 'size_bytes', 'metadata', 'blob_id', 'stored_at'})
 """The blob table's columns in this layout."""
+BASE_COLUMNS = frozenset({'sha256', 'bytes', 'size_bytes'})
+"""The columns every layout of a blob table has (the upstream package's one-row table too)."""
 _R = TypeVar('_R')
 
 
@@ -123,7 +125,20 @@ class SqliteMediaConnection(AsyncClosing):
     def _columns(self, conn: sqlite3.Connection) -> frozenset[str]:
         if self._schema_ready:
             return COLUMNS
-        return frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")'))
+        columns = frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")'))
+        if columns:
+            self._check_blob_table(columns)
+        return columns
+
+    def _check_blob_table(self, columns: frozenset[str]) -> None:
+        """Refuse a table that holds something else (a step store's `runs`, say) before touching it."""
+        missing = BASE_COLUMNS - columns
+        if missing:
+            raise ValueError(
+                f'table {self._table!r} in this database is not a media table (it has no '
+                f'{", ".join(sorted(missing))} column); nothing was changed. Give the media store a '
+                "table of its own with table= (the default is 'media')"
+            )
 
     def _open(self) -> sqlite3.Connection:
         """The connection, opened on first use (on this worker thread); call under the lock."""
@@ -152,7 +167,8 @@ class SqliteMediaConnection(AsyncClosing):
             'sha256 TEXT PRIMARY KEY, media_type TEXT, bytes BLOB NOT NULL, '
             'size_bytes INTEGER NOT NULL, metadata TEXT, blob_id INTEGER, stored_at REAL)'
         )
-        columns = {row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")')}
+        columns = frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")'))
+        self._check_blob_table(columns)
         migrations = (('media_type', 'TEXT'), ('metadata', 'TEXT'), ('blob_id', 'INTEGER'), ('stored_at', 'REAL'))
         for column, declaration in migrations:
             if column not in columns:
