@@ -129,7 +129,7 @@ async def test_a_table_that_is_not_a_media_table_is_refused_and_left_as_it_was(t
 
     before = layout()
     store = SqliteMediaStore(database=path, table='runs')
-    with pytest.raises(ValueError, match=r"table 'runs' in this database is not a media table .*sha256") as caught:
+    with pytest.raises(ValueError, match=r"table 'runs' is not a media table .*sha256") as caught:
         await store.put(b'payload')
     assert 'nothing was changed' in str(caught.value)
     with pytest.raises(ValueError, match='not a media table'):

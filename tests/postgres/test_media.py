@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from pydantic_ai_steps.media import MediaContext, MediaIntegrityError, PostgresMediaStore, media_uri_for
+from pydantic_ai_steps.step_persistence import PostgresStepStore, RunRecord
 from pydantic_ai_steps.store.maintenance import CollectableMediaStore
 from pydantic_ai_steps.testing.media_store import MediaStoreConformance
 
@@ -146,3 +147,32 @@ async def test_upstream_one_row_table_reads_and_gets_the_new_columns(media: Post
         assert await media.get(media_uri_for(other)) == other
     finally:
         await conn.close()
+
+
+@pytest.mark.anyio
+async def test_a_table_that_is_not_a_media_table_is_refused_and_left_as_it_was(dsn: str, prefix: str) -> None:
+    async with PostgresStepStore(dsn=dsn, table=prefix) as steps:
+        await steps.register_run(RunRecord(run_id='kept'))
+        runs_table = f'{prefix}_runs'
+        columns_query = (
+            'SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped '
+            'ORDER BY attnum'
+        )
+        import asyncpg
+
+        conn = await asyncpg.connect(dsn)
+        try:
+            before = [row[0] for row in await conn.fetch(columns_query, runs_table)]
+            media = PostgresMediaStore(dsn=dsn, table=runs_table)
+            try:
+                with pytest.raises(ValueError, match=rf"table '{runs_table}' is not a media table .*sha256"):
+                    await media.put(b'payload')
+                with pytest.raises(ValueError, match='not a media table'):
+                    await media.get(media_uri_for(b'payload'))
+            finally:
+                await media.aclose()
+            assert [row[0] for row in await conn.fetch(columns_query, runs_table)] == before
+            assert await conn.fetchval('SELECT to_regclass($1)', f'{runs_table}_chunks') is None
+        finally:
+            await conn.close()
+        assert [run.run_id for run in await steps.list_runs()] == ['kept']

@@ -1,7 +1,9 @@
-"""The error every media store raises when stored bytes do not hash to the URI they are read by."""
+"""The error every media store raises when stored bytes do not hash to the URI they are read by, and
+the refusal of a table that is not a blob table."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Self
 
 __all__ = ['MediaIntegrityError']
@@ -34,3 +36,17 @@ def integrity_message(uri: str, size: int, where: str, detail: str = '') -> str:
         + (f' ({detail})' if detail else '')
         + '; it reads as missing'
     )
+
+
+BLOB_TABLE_COLUMNS = frozenset({'sha256', 'bytes', 'size_bytes'})
+"""The columns every layout of a SQL blob table has (the upstream package's one-row table too)."""
+
+
+def check_blob_table(table: str, columns: Collection[str]) -> None:
+    """Refuse an existing table that holds something else (a step store's runs, say) before it is widened."""
+    missing = BLOB_TABLE_COLUMNS.difference(columns) if columns else frozenset[str]()
+    if missing:
+        raise ValueError(
+            f'table {table!r} is not a media table (it has no {", ".join(sorted(missing))} column); nothing was '
+            "changed. Give the media store a table of its own with table= (the default is 'media')"
+        )

@@ -19,12 +19,11 @@ from ..._closing import AsyncClosing
 from ..._errors import check_bool
 from ..._files import store_path
 from ..._sqlite import BackgroundCheckpointer, open_database, require_cross_thread_use
+from .._errors import check_blob_table
 
 _TABLE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
 COLUMNS = frozenset({'sha256', 'media_type', 'bytes', 'size_bytes', 'metadata', 'blob_id', 'stored_at'})
 """The blob table's columns in this layout."""
-BASE_COLUMNS = frozenset({'sha256', 'bytes', 'size_bytes'})
-"""The columns every layout of a blob table has (the upstream package's one-row table too)."""
 _R = TypeVar('_R')
 
 
@@ -126,19 +125,8 @@ class SqliteMediaConnection(AsyncClosing):
         if self._schema_ready:
             return COLUMNS
         columns = frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")'))
-        if columns:
-            self._check_blob_table(columns)
+        check_blob_table(self._table, columns)
         return columns
-
-    def _check_blob_table(self, columns: frozenset[str]) -> None:
-        """Refuse a table that holds something else (a step store's `runs`, say) before touching it."""
-        missing = BASE_COLUMNS - columns
-        if missing:
-            raise ValueError(
-                f'table {self._table!r} in this database is not a media table (it has no '
-                f'{", ".join(sorted(missing))} column); nothing was changed. Give the media store a '
-                "table of its own with table= (the default is 'media')"
-            )
 
     def _open(self) -> sqlite3.Connection:
         """The connection, opened on first use (on this worker thread); call under the lock."""
@@ -168,7 +156,7 @@ class SqliteMediaConnection(AsyncClosing):
             'size_bytes INTEGER NOT NULL, metadata TEXT, blob_id INTEGER, stored_at REAL)'
         )
         columns = frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")'))
-        self._check_blob_table(columns)
+        check_blob_table(self._table, columns)
         migrations = (('media_type', 'TEXT'), ('metadata', 'TEXT'), ('blob_id', 'INTEGER'), ('stored_at', 'REAL'))
         for column, declaration in migrations:
             if column not in columns:

@@ -38,7 +38,7 @@ from ..._closing import AsyncClosing
 from ...store.backends.postgres._pool import DEFAULT_ACQUIRE_TIMEOUT, Connections, PostgresConnection
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
-from .._errors import MediaIntegrityError
+from .._errors import MediaIntegrityError, check_blob_table
 from .._protocol import (
     PublicUrlResolver,
     check_stored_before,
@@ -281,6 +281,7 @@ class PostgresMediaStore(AsyncClosing):
         columns = await self._columns(conn)
         if not columns and not create:
             return False
+        check_blob_table(self._table, columns)
         if columns >= {'stored_at', 'chunks'}:
             self._ready, self._legacy = True, False
             return True
