@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import socket
 import sqlite3
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -16,7 +21,7 @@ import pytest
 from pydantic_ai_steps._errors import StoreUnavailableError
 from pydantic_ai_steps.cli import _stores, main
 from pydantic_ai_steps.cli._errors import CliError
-from pydantic_ai_steps.step_persistence import InMemoryStepStore
+from pydantic_ai_steps.step_persistence import InMemoryStepStore, SqliteStepStore
 from pydantic_ai_steps.store import Probe, registry
 from pydantic_ai_steps.store.protocol import ManagedStepStore
 from tests.conftest import require_env
@@ -355,3 +360,39 @@ def test_a_mongodb_url_naming_a_tls_file_that_cannot_be_read_is_one_line(capsys:
     err = capsys.readouterr().err
     assert err.startswith(f"pydantic-ai-steps: error: bad mongodb store URL '{url}': ")
     assert 'tlscertificatekeyfile file is not readable' in err and '--debug' not in err and err.count('\n') == 1
+
+
+def test_a_wal_database_its_user_cannot_read_is_not_called_a_non_store(tmp_path: Path) -> None:
+    """A WAL database in a directory the user may not write: SQLite cannot create its `-shm` file to
+    read it. The CLI says that, not "not a step store". As root, the check runs as `nobody`."""
+
+    async def write() -> None:
+        async with SqliteStepStore(database=tmp_path / 'steps.db') as store:
+            await populate(store)
+
+    anyio.run(write)
+    command = [sys.executable, '-m', 'pydantic_ai_steps.cli']
+    if os.geteuid() == 0:  # root writes anywhere: read as an unprivileged user instead
+        setpriv = shutil.which('setpriv')
+        if setpriv is None:
+            pytest.skip('running as root without setpriv: no unprivileged user to read as')
+        command = [setpriv, '--reuid', '65534', '--regid', '65534', '--clear-groups', *command]
+    locked = Path(tempfile.mkdtemp(prefix='steps-read-only-'))  # not under tmp_path: `nobody` must reach it
+    try:
+        shutil.copy(tmp_path / 'steps.db', locked / 'steps.db')
+        with sqlite3.connect(locked / 'steps.db') as conn:
+            assert conn.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+        conn.close()
+        (locked / 'steps.db').chmod(0o444)
+        locked.chmod(0o555)
+        result = subprocess.run(
+            [*command, '--store', str(locked / 'steps.db'), 'runs'], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        locked.chmod(0o755)
+        shutil.rmtree(locked)
+    assert result.returncode == 1, result.stderr
+    assert 'is not a step store' not in result.stderr
+    assert f'cannot read the store at sqlite:///{locked}/steps.db: ' in result.stderr
+    assert 'steps.db-shm beside it' in result.stderr
+    assert 'Traceback' not in result.stderr

@@ -187,6 +187,8 @@ class _Demo:
         """
         store = self._store
         probe = await store.probe()
+        if not probe.readable:
+            raise CliError(f'refusing to use {self.location.url}: it cannot be read ({probe.detail})')
         if probe.exists and not probe.step_store:
             raise CliError(f'refusing to use {self.location.url}: it is not a step store ({probe.detail})')
         if self.outbox.foreign():

@@ -59,6 +59,9 @@ async def open_existing(value: str) -> tuple[StoreLocation, ManagedStepStore]:
     if not probe.exists:
         await store.aclose()
         raise CliError(f'no store at {location.url}' + (f' ({probe.detail})' if probe.detail else ''))
+    if not probe.readable:
+        await store.aclose()
+        raise CliError(f'cannot read the store at {location.url}: {probe.detail}')
     if not probe.step_store:
         await store.aclose()
         raise CliError(f'{location.url} is not a step store: {probe.detail}')

@@ -187,7 +187,10 @@ class Probe:
     size_bytes: int | None = None
     """What it takes on disk or on the server; `None` when the backend cannot tell."""
     detail: str = ''
-    """Why it is not a step store, when it exists and is not."""
+    """Why it is not a step store, when it exists and is not (or why it could not be read)."""
+    readable: bool = True
+    """`False` when something is there that this process cannot read (permissions, a read-only
+    directory beside a WAL database): whether it is a step store is not known."""
 
 
 @runtime_checkable

@@ -347,7 +347,7 @@ class SqliteBackend(SqliteConnection):
             with path.open('rb') as handle:
                 header = handle.read(16)
         except OSError as error:
-            return Probe(exists=True, step_store=False, size_bytes=size, detail=f'cannot read {path}: {error}')
+            return Probe(exists=True, step_store=False, size_bytes=size, detail=str(error), readable=False)
         if header != b'SQLite format 3\x00':
             return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path} is not a SQLite database')
         try:
@@ -357,7 +357,7 @@ class SqliteBackend(SqliteConnection):
             finally:
                 reader.close()
         except sqlite3.Error as error:
-            return Probe(exists=True, step_store=False, size_bytes=size, detail=f'cannot read {path}: {error}')
+            return _unreadable(path, real, size, error)
         if not columns:
             return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path} has no runs table')
         missing = sorted(_STEP_STORE_RUN_COLUMNS - columns)
@@ -365,6 +365,19 @@ class SqliteBackend(SqliteConnection):
             detail = f'{path} has a runs table without the column(s) {", ".join(missing)} every step store has'
             return Probe(exists=True, step_store=False, size_bytes=size, detail=detail)
         return Probe(exists=True, step_store=True, size_bytes=size)
+
+
+def _unreadable(path: Path, real: Path, size: int, error: sqlite3.Error) -> Probe:
+    """A database SQLite would not open read-only; a WAL one it cannot read without creating its
+    `-shm` file, which a user who may not write beside it cannot."""
+    if getattr(error, 'sqlite_errorname', '').startswith('SQLITE_READONLY'):
+        detail = (
+            f'{path} is a WAL database, and SQLite must create {real.name}-shm beside it to read it, '
+            f'which this user may not do in {real.parent} ({error}); read a copy of it in a directory '
+            'this user can write, or run as a user who may write there'
+        )
+        return Probe(exists=True, step_store=False, size_bytes=size, detail=detail, readable=False)
+    return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path}: {error}', readable=False)
 
 
 def _stat(path: Path) -> os.stat_result | None:
