@@ -373,8 +373,8 @@ def _unreadable(path: Path, real: Path, size: int, error: sqlite3.Error) -> Prob
     if getattr(error, 'sqlite_errorname', '').startswith('SQLITE_READONLY'):
         detail = (
             f'{path} is a WAL database, and SQLite must create {real.name}-shm beside it to read it, '
-            f'which this user may not do in {real.parent} ({error}); read a copy of it in a directory '
-            'this user can write, or run as a user who may write there'
+            f'which this user may not do in {real.parent} ({error}); read a copy of it (and of its -wal file, '
+            'if there is one) in a directory this user can write, or run as a user who may write there'
         )
         return Probe(exists=True, step_store=False, size_bytes=size, detail=detail, readable=False)
     return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path}: {error}', readable=False)
