@@ -345,10 +345,10 @@ class SqliteBackend(SqliteConnection):
             return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path} is not a regular file')
         try:
             with path.open('rb') as handle:
-                header = handle.read(16)
+                header = handle.read(20)
         except OSError as error:
             return Probe(exists=True, step_store=False, size_bytes=size, detail=str(error), readable=False)
-        if header != b'SQLite format 3\x00':
+        if header[:16] != b'SQLite format 3\x00':
             return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path} is not a SQLite database')
         try:
             reader = sqlite3.connect(path.resolve().as_uri() + '?mode=ro', uri=True, timeout=5.0)
@@ -357,7 +357,7 @@ class SqliteBackend(SqliteConnection):
             finally:
                 reader.close()
         except sqlite3.Error as error:
-            return _unreadable(path, real, size, error)
+            return _unreadable(path, real, size, error, wal=header[18:20] == b'\x02\x02')
         if not columns:
             return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path} has no runs table')
         missing = sorted(_STEP_STORE_RUN_COLUMNS - columns)
@@ -367,10 +367,10 @@ class SqliteBackend(SqliteConnection):
         return Probe(exists=True, step_store=True, size_bytes=size)
 
 
-def _unreadable(path: Path, real: Path, size: int, error: sqlite3.Error) -> Probe:
-    """A database SQLite would not open read-only; a WAL one it cannot read without creating its
-    `-shm` file, which a user who may not write beside it cannot."""
-    if getattr(error, 'sqlite_errorname', '').startswith('SQLITE_READONLY'):
+def _unreadable(path: Path, real: Path, size: int, error: sqlite3.Error, *, wal: bool) -> Probe:
+    """A database SQLite would not open read-only; a WAL one (its header says so: `wal`) it cannot
+    read without creating its `-shm` file, which a user who may not write beside it cannot."""
+    if wal and getattr(error, 'sqlite_errorname', '').startswith('SQLITE_READONLY'):
         detail = (
             f'{path} is a WAL database, and SQLite must create {real.name}-shm beside it to read it, '
             f'which this user may not do in {real.parent} ({error}); read a copy of it (and of its -wal file, '
