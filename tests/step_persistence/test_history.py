@@ -33,6 +33,7 @@ from pydantic_ai_steps.store.history import (
     MessageAdapter,
     message_to_json,
     request_tail,
+    request_to_json,
     resolve_history,
 )
 from pydantic_ai_steps.store.message_log import MessageLog, PreparedSnapshot
@@ -291,7 +292,12 @@ def test_a_stamped_request_is_not_serialized_again_when_its_parts_are_the_same(m
         serialized.append(message)
         return message_to_json(message)
 
+    def counting_request(request: ModelRequest) -> tuple[str, int]:
+        serialized.append(request)
+        return request_to_json(request)
+
     monkeypatch.setattr(message_log, 'message_to_json', counting)
+    monkeypatch.setattr(message_log, 'request_to_json', counting_request)
 
     async def main() -> None:
         store, log = FakeStore(), MessageLog(None, 1 << 20)
@@ -566,6 +572,7 @@ def test_any_restamp_is_the_base_with_the_new_tail_exactly(
     new.pop('parts', None)
     base, tail = head + members(old) + '}', members(new) + '}'
     result = restamp(base_index, base, tail)
+    assert restamp(base_index, base, tail, len(head)) == result  # the writer's known end of `parts` agrees
     if not new:
         assert result is None
         return
@@ -634,13 +641,17 @@ def test_a_restamped_request_is_the_adapters_bytes(message: ModelMessage, instru
     """What a boundary writes for a stamped request is what serializing all of it would write."""
     if not isinstance(message, ModelRequest):
         return
-    before = message_to_json(message)
+    before, split = request_to_json(message)
+    assert before == message_to_json(message)
+    assert json.loads(before[:split] + '}') == {'parts': json.loads(before)['parts']}
+    assert before.startswith((',', '}'), split)
     stamp(message)
     message.instructions = instructions
     tail = request_tail(message)
     assert tail is not None
-    result = restamp(0, before, tail)
+    result = restamp(0, before, tail, split)
     assert result is not None
+    assert result == restamp(0, before, tail)  # the same as finding the end of `parts` by scanning
     assert result[0] == message_to_json(message) == MessageAdapter.dump_json(message).decode()
     assert apply_patch(result[1], before) == result[0]
 

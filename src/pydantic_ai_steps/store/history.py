@@ -74,6 +74,7 @@ def message_to_json(message: ModelMessage) -> str:
 
 
 _WITHOUT_PARTS = {0: {'parts'}}
+_ONLY_PARTS = {0: {'parts'}}
 _PARTS_FIRST = '{"parts":'
 
 
@@ -86,6 +87,17 @@ def request_tail(request: ModelRequest) -> str | None:
     """
     text = _REQUESTS.dump_json([request], exclude=_WITHOUT_PARTS)[1:-1].decode()
     return ',' + text[1:] if len(text) > 2 else None
+
+
+def request_to_json(request: ModelRequest) -> tuple[str, int]:
+    """`message_to_json(request)`, and where its `parts` member ends in it.
+
+    Serialized in two pieces (the parts, then the other fields) so a later stamped version of the
+    request can reuse the parts' text without scanning it for its end (`PatchBase.split`).
+    """
+    head = _REQUESTS.dump_json([request], include=_ONLY_PARTS)[1:-2].decode()
+    tail = request_tail(request)
+    return head + (tail if tail is not None else '}'), len(head)
 
 
 def part_values(message: ModelMessage) -> list[object]:
@@ -142,6 +154,8 @@ class PatchBase:
     parts: list[object] | None = field(default=None, compare=False)
     """`part_values` of the request `text` was serialized from: a version with the same parts
     spells them as `text` does (see `request_tail`)."""
+    split: int | None = field(default=None, compare=False)
+    """Where the request's `parts` member ends in `text`, when its writer knows (`request_to_json`)."""
 
     def restamped(self, request: ModelRequest) -> tuple[str, str] | None:
         """`request`'s JSON and a patch of this text spelling it, when the two differ only after the
@@ -149,7 +163,7 @@ class PatchBase:
         if self.parts is None or not self.text.startswith(_PARTS_FIRST) or not _same(self.parts, part_values(request)):
             return None
         tail = request_tail(request)
-        return restamp(self.index, self.text, tail) if tail is not None else None
+        return restamp(self.index, self.text, tail, self.split) if tail is not None else None
 
 
 @dataclass

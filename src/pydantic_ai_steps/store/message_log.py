@@ -41,6 +41,7 @@ from .history import (
     message_to_json,
     messages_from_json,
     part_values,
+    request_to_json,
 )
 from .patch import is_patch, make_patch
 
@@ -88,8 +89,11 @@ class PreparedSnapshot:
     _weights: dict[int, int]
     _full: dict[int, int] = field(default_factory=dict[int, int])
     """Position -> offset in `appends` of the full texts written for the last `TAIL` positions."""
-    _parts: dict[int, list[object]] = field(default_factory=dict[int, list[object]])
-    """Position -> `part_values` of those full texts that are a request's own JSON (see `PatchBase.parts`)."""
+    _parts: dict[int, tuple[list[object], int | None]] = field(
+        default_factory=dict[int, tuple[list[object], int | None]]
+    )
+    """Position -> `part_values` of those full texts that are a request's own JSON, and where its
+    parts end in the text if known (see `PatchBase.parts` and `PatchBase.split`)."""
 
 
 class MessageLog:
@@ -115,14 +119,20 @@ class MessageLog:
         digests: dict[int, bytes] = {}
         weights: dict[int, int] = {}
         full: dict[int, int] = {}
-        parts: dict[int, list[object]] = {}
+        parts: dict[int, tuple[list[object], int | None]] = {}
         tail = len(delta.messages) - TAIL
         for position in delta.candidates:
             message, placeholders, offloaded = await self._offload_binaries(delta.messages[position])
             base = delta.base_at(position)
             try:
                 restamped = base.restamped(message) if base is not None and type(message) is ModelRequest else None
-                text = restamped[0] if restamped is not None else message_to_json(message)
+                split = None
+                if restamped is not None:
+                    text, split = restamped[0], base.split if base is not None else None
+                elif position >= tail and type(message) is ModelRequest:
+                    text, split = request_to_json(message)  # a base its stamped version will reuse
+                else:
+                    text = message_to_json(message)
             except pydantic_core.PydanticSerializationError as error:
                 if 'surrogates not allowed' not in str(error):
                     raise
@@ -148,7 +158,7 @@ class MessageLog:
             if position >= tail:
                 full[position] = len(appends)
                 if stored is text and spelled is not None:
-                    parts[position] = spelled
+                    parts[position] = (spelled, split)
             appends.append((position, stored))
         known = delta.previous.log_size if delta.previous is not None else None
         return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests, weights, full, parts)
@@ -162,8 +172,9 @@ class MessageLog:
         stored as given (`verbatim`): only those can be patched.
         """
         first = log_size - len(prepared.appends)
+        requests = prepared._parts  # pyright: ignore[reportPrivateUsage]
         bases = {
-            position: PatchBase(first + offset, prepared.appends[offset][1], prepared._parts.get(position))  # pyright: ignore[reportPrivateUsage]
+            position: PatchBase(first + offset, prepared.appends[offset][1], *requests.get(position, (None, None)))
             for position, offset in prepared._full.items()  # pyright: ignore[reportPrivateUsage]
             if verbatim is None or offset in verbatim
         }

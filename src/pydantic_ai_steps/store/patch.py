@@ -71,21 +71,23 @@ def make_patch(base_index: int, base: str, text: str) -> str | None:
     return PATCH_PREFIX + ','.join(ops) + ']}'
 
 
-def restamp(base_index: int, base: str, tail: str) -> tuple[str, str] | None:
+def restamp(base_index: int, base: str, tail: str, split: int | None = None) -> tuple[str, str] | None:
     """`base` with every member after its first replaced by `tail`, and that text as a patch of `base`.
 
     `tail` is `,"key":value,...}`: what a message re-stamped in its later fields serializes to
     after its unchanged first member (a request's `parts`), which is then not serialized again.
-    Only the first member's value is scanned (to find where it ends), never split. `None` unless
-    both are compact JSON.
+    `split` is where that first member ends in `base`, when the writer of `base` knows it;
+    otherwise the first member's value is scanned to find it (parsed, never split: the cost of a
+    large tool result). `None` unless both are compact JSON.
     """
     if is_patch(base) or not base.startswith('{"') or not tail.startswith(','):
         return None
     try:
-        colon = _scan(base, 1)[1]
-        if not base.startswith(':', colon):
-            return None
-        split = _scan(base, colon + 1)[1]
+        if split is None:
+            colon = _scan(base, 1)[1]
+            if not base.startswith(':', colon):
+                return None
+            split = _scan(base, colon + 1)[1]
         if not base.startswith((',', '}'), split):
             return None
         old = _members('{' + base[split + 1 :]) if base.startswith(',', split) else []
