@@ -49,7 +49,8 @@ class ProviderValidity:
     """`is_provider_valid` for one run's growing history, paying only for what is new.
 
     It remembers the open calls after a settled prefix (all but the newest `TAIL` messages) and
-    resumes from there when the next history starts with the same message objects.
+    resumes from there when the next history starts with the same message objects; the prefix
+    grows in place, so a check copies only the messages it settles.
     """
 
     def __init__(self) -> None:
@@ -66,7 +67,10 @@ class ProviderValidity:
         settled = _open_calls_after(messages[start:checkpoint], open_calls)
         if settled is None:
             return False
-        self._prefix = list(messages[:checkpoint])
+        if start:
+            self._prefix += messages[start:checkpoint]
+        else:
+            self._prefix = list(messages[:checkpoint])
         self._open_after_prefix = set(settled)
         remaining = _open_calls_after(messages[checkpoint:], settled)
         return remaining is not None and not remaining
