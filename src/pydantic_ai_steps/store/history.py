@@ -73,8 +73,8 @@ def message_to_json(message: ModelMessage) -> str:
     return MessageAdapter.dump_json(message).decode()
 
 
-_WITHOUT_PARTS = {0: {'parts'}}
-_ONLY_PARTS = {0: {'parts'}}
+_PARTS = {0: {'parts'}}
+"""The first request's `parts`, as `include=` or `exclude=` of a one-request list."""
 _PARTS_FIRST = '{"parts":'
 
 
@@ -85,7 +85,7 @@ def request_tail(request: ModelRequest) -> str | None:
     were, and they are what costs to serialize (tool results), so a stamped version serializes
     only the other fields. `None` if it has none.
     """
-    text = _REQUESTS.dump_json([request], exclude=_WITHOUT_PARTS)[1:-1].decode()
+    text = _REQUESTS.dump_json([request], exclude=_PARTS)[1:-1].decode()
     return ',' + text[1:] if len(text) > 2 else None
 
 
@@ -95,7 +95,7 @@ def request_to_json(request: ModelRequest) -> tuple[str, int]:
     Serialized in two pieces (the parts, then the other fields) so a later stamped version of the
     request can reuse the parts' text without scanning it for its end (`PatchBase.split`).
     """
-    head = _REQUESTS.dump_json([request], include=_ONLY_PARTS)[1:-2].decode()
+    head = _REQUESTS.dump_json([request], include=_PARTS)[1:-2].decode()
     tail = request_tail(request)
     return head + (tail if tail is not None else '}'), len(head)
 
