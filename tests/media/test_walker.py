@@ -450,7 +450,8 @@ async def test_json_form_of_messages_matches_object_form() -> None:
 
 def test_might_need_externalizing_on_plain_text() -> None:
     assert not might_need_externalizing('{"content":"hi","part_kind":"text"}', 64)
-    assert might_need_externalizing('{"content":"' + 'a' * 60 + '","part_kind":"text"}', 64)
+    assert might_need_externalizing('{"content":"' + 'a' * 64 + '","part_kind":"text"}', 64)
+    assert not might_need_externalizing('{"content":"' + 'a' * 60 + '","part_kind":"text"}', 64)  # no string that long
     assert not might_need_externalizing('{"args":"' + 'a' * 100 + '"}', 64)  # no payload key at all
     assert might_need_externalizing('{"__harness_external_media__":1}', 10_000)
     assert might_need_externalizing('{"\\u005f_harness_external_media__":1,"content":""}', 10_000)
@@ -460,6 +461,28 @@ def test_might_need_externalizing_on_plain_text() -> None:
     assert might_need_externalizing(text, 74)
     assert not might_need_externalizing(text, 75)
     assert might_need_externalizing('{"content":""}', 0)
+
+
+def test_a_large_text_is_walked_only_if_one_of_its_strings_is_long_enough() -> None:
+    """A tool result over the threshold made of many small values holds nothing to move."""
+    rows = json.dumps({'content': [{'name': f'item {i}', 'score': i} for i in range(200)]}, separators=(',', ':'))
+    assert len(rows) > 1000
+    assert not might_need_externalizing(rows, 1000)
+    assert might_need_externalizing(rows, 8)  # 'item 123' is eight bytes
+    long_one = '{"content":"' + 'a' * 999 + '","part_kind":"text"}'
+    assert not might_need_externalizing(long_one, 1000)
+    assert might_need_externalizing(long_one, 999)
+    # Escaped quotes do not cut a string short: one string of 981 characters, in pieces of 100.
+    quoted = '{"content":"' + ('a' * 99 + '\\"') * 9 + 'a' * 81 + '","part_kind":"text"}'
+    assert len(json.loads(quoted)['content']) == 981
+    assert might_need_externalizing(quoted, 981)
+    assert not might_need_externalizing(quoted, 1300)
+    # An escaped backslash right before the closing quote ends the string there.
+    assert not might_need_externalizing('{"content":"ab\\\\","x":"' + 'b' * 10 + '"}', 12)
+    # Non-ASCII: up to four UTF-8 bytes a character.
+    accented = '{"content":"' + 'é' * 300 + '","part_kind":"text"}'
+    assert might_need_externalizing(accented, 600)  # 600 bytes as UTF-8
+    assert not might_need_externalizing(accented, 1201)
 
 
 def test_has_markers() -> None:
@@ -562,9 +585,10 @@ async def test_arbitrary_json_trees_round_trip_exactly(tree: object, threshold: 
     # marker format defines; nodes that carry reserved keys keep their exact order (own test).
     assert await restore_media(lean, media_store=store) == tree
     text = json.dumps(tree)
-    if not might_need_externalizing(text, threshold):
-        assert lean == tree
-        assert store.puts == []
+    for spelling in (text, json.dumps(tree, ensure_ascii=False, separators=(',', ':'))):
+        if not might_need_externalizing(spelling, threshold):
+            assert lean == tree
+            assert store.puts == []
     if not has_markers(text):
         assert await restore_media(tree, media_store=store) == tree
     if lean != tree:

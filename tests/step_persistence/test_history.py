@@ -25,6 +25,7 @@ from pydantic_ai.messages import (
 
 from pydantic_ai_steps.capability._validity import ProviderValidity
 from pydantic_ai_steps.media import DiskMediaStore
+from pydantic_ai_steps.media._walker import externalize_tree
 from pydantic_ai_steps.step_persistence import ContinuableSnapshot, is_provider_valid
 from pydantic_ai_steps.store.history import (
     TAIL,
@@ -483,6 +484,41 @@ def test_a_patch_keeps_media_markers_and_reads_back(tmp_path: Path) -> None:
         )  # the marker, as the full text stored it
         (loaded,) = await log.load(texts)
         assert message_to_json(loaded) == message_to_json(request)
+
+    asyncio.run(main())
+
+
+def test_a_large_result_of_small_values_is_stored_as_serialized_and_restamped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool result over the media threshold with no payload that large has nothing to move: it is
+    not parsed and walked, its text is stored as serialized, and its stamped version is a patch."""
+    import pydantic_ai_steps.store.message_log as message_log
+
+    walked: list[object] = []
+
+    async def counting_walk(tree: object, **kwargs: Any) -> Any:
+        walked.append(tree)
+        return await externalize_tree(tree, **kwargs)
+
+    monkeypatch.setattr(message_log, 'externalize_tree', counting_walk)
+
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(DiskMediaStore(tmp_path / 'media'), 1024)
+        rows = {f'row{i}': {'id': i, 'name': f'item {i}'} for i in range(100)}
+        request = ModelRequest(parts=[ToolReturnPart('query', rows, tool_call_id='call-0')])
+        await log.save(snapshot_of([request]), store.write)
+        assert len(store.log[0].text) > 1024
+        assert store.log[0].text == message_to_json(request)
+        stamp(request)
+        await log.save(snapshot_of([request]), store.write)
+        assert is_patch(store.log[1].text)
+        assert walked == []
+        request.parts = [ToolReturnPart('query', {'blob': 'z' * 2048}, tool_call_id='call-0')]  # one long string
+        await log.save(snapshot_of([request]), store.write)
+        assert len(walked) == 1
+        for count, size, texts in store.snapshots:
+            assert resolve_history(store.log, count, size) == texts
 
     asyncio.run(main())
 

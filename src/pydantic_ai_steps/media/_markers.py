@@ -58,7 +58,8 @@ def might_need_externalizing(json_text: str, threshold_bytes: int) -> bool:
     so the caller may keep the text as it is. That holds when the text mentions no reserved key
     and either has no `"data"`/`"content"` key or is shorter than the threshold: a string inside
     JSON text never encodes to more UTF-8 bytes than the text itself, and base64 never decodes to
-    more bytes than it has characters. `True` only means "walk it to find out".
+    more bytes than it has characters. A longer text is walked only if one of its strings is long
+    enough (`_holds_a_long_string`). `True` only means "walk it to find out".
     """
     if mentions_reserved_key(json_text):
         return True
@@ -66,10 +67,32 @@ def might_need_externalizing(json_text: str, threshold_bytes: int) -> bool:
         return False
     length = len(json_text)
     if length >= threshold_bytes:
-        return True
+        return _holds_a_long_string(json_text, threshold_bytes)
     if length * 4 < threshold_bytes or json_text.isascii():
         return False
     return len(json_text.encode('utf-8', 'surrogatepass')) >= threshold_bytes
+
+
+_ESCAPE = re.compile(r'\\.', re.DOTALL)
+"""A backslash escape in JSON text: the backslash and the character after it (the `u` of `\\uXXXX`)."""
+
+
+def _holds_a_long_string(json_text: str, threshold_bytes: int) -> bool:
+    """Whether a string in `json_text` may decode to `threshold_bytes` UTF-8 bytes or more.
+
+    A large tool result made of many small values is over the threshold as a whole but holds no
+    payload to move; parsing and walking it at every boundary cost more than serializing it. A
+    string's decoded UTF-8 (and a base64 payload's bytes) is never longer than its spelling, whose
+    escapes only shrink, and its spelling lies between two unescaped quotes: with every escape
+    blanked out (same length, so no escaped quote is left), the longest run between quotes bounds
+    every string, and runs between strings only make the bound larger. Splitting at every quote
+    costs a small part of a parse.
+    """
+    bytes_per_character = 1 if json_text.isascii() else 4
+    if '\\' in json_text:
+        json_text = _ESCAPE.sub('__', json_text)
+    longest = max(map(len, json_text.split('"')))
+    return longest * bytes_per_character >= threshold_bytes
 
 
 def has_markers(json_text: str) -> bool:
