@@ -523,6 +523,27 @@ def test_a_large_result_of_small_values_is_stored_as_serialized_and_restamped(
     asyncio.run(main())
 
 
+@pytest.mark.parametrize('with_media', [True, False])
+def test_a_restamped_request_whose_new_fields_spell_a_reserved_key_reads_back(tmp_path: Path, with_media: bool) -> None:
+    """Only the fields after a restamped request's parts are checked for media and reserved keys
+    (its parts were checked when its base was stored): a reserved key there is still caught."""
+
+    async def main() -> None:
+        media = DiskMediaStore(tmp_path / 'media') if with_media else None
+        store, log = FakeStore(), MessageLog(media, 1 << 20)
+        request = tool_return(0)
+        await log.save(snapshot_of([request]), store.write)
+        stamp(request)
+        request.metadata = {'__harness_external_media__': True, 'note': 'a caller value'}
+        await log.save(snapshot_of([request]), store.write)
+        texts = resolve_history(store.log, 1, len(store.log))
+        assert texts is not None
+        (loaded,) = await log.load(texts)
+        assert message_to_json(loaded) == message_to_json(request)
+
+    asyncio.run(main())
+
+
 # --- patches: properties ----------------------------------------------------------------------------
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)

@@ -145,7 +145,7 @@ class MessageLog:
                 continue
             if '\ufffd' in text and _holds_lone_surrogate(MessageAdapter.dump_python(message)):
                 raise _lone_surrogate(snapshot.run_id, position)  # pydantic put U+FFFD for one in a dict key
-            stored = await self._externalize(text, placeholders)
+            stored = await self._externalize(text, placeholders, settled=split if restamped is not None else None)
             if self.max_text_bytes is not None and _utf8_length(stored) > self.max_text_bytes:
                 stored = await self._fit(snapshot, position, text, stored, placeholders)
             if restamped is not None and stored is text:
@@ -235,14 +235,21 @@ class MessageLog:
         texts = [await self._restore(text) if has_markers(text) else text for text in texts]
         return messages_from_json(texts)
 
-    async def _externalize(self, text: str, placeholders: dict[str, str]) -> str:
+    async def _externalize(self, text: str, placeholders: dict[str, str], settled: int | None = None) -> str:
+        """`text` with its large payloads moved to the media store (`text` itself when none is).
+
+        `settled` is where a restamped request's `parts` end in `text`: they are spelled as in its
+        base, which this log stored as serialized, so walking them moves nothing and only the
+        members after them are checked.
+        """
+        checked = text if settled is None else '{' + text[settled + 1 :]
         if self.media_store is None:
             # Nothing moves out, but a caller's value spelled like a marker is still wrapped as a
             # literal, so a reader given a media store (the inspector's default) reads it as written.
-            media_store, threshold, needed = _INLINE, _NEVER, mentions_reserved_key(text)
+            media_store, threshold, needed = _INLINE, _NEVER, mentions_reserved_key(checked)
         else:
             media_store, threshold = self.media_store, self.threshold_bytes
-            needed = bool(placeholders) or might_need_externalizing(text, threshold)
+            needed = bool(placeholders) or might_need_externalizing(checked, threshold)
         if not needed:
             return text
         tree: object = await externalize_tree(
