@@ -6,6 +6,7 @@ import base64
 import copy
 import json
 import pickle
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +40,7 @@ from pydantic_ai_steps.media._markers import (
     TEXT_KEY,
     URI_KEY,
     URLSAFE_KEY,
+    _holds_a_long_string,  # pyright: ignore[reportPrivateUsage]
     has_markers,
     might_need_externalizing,
 )
@@ -461,6 +463,19 @@ def test_might_need_externalizing_on_plain_text() -> None:
     assert might_need_externalizing(text, 74)
     assert not might_need_externalizing(text, 75)
     assert might_need_externalizing('{"content":""}', 0)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    text=st.text(alphabet=st.sampled_from(['"', '\\', 'a', 'é', 'u']), max_size=300),
+    threshold=st.integers(min_value=0, max_value=200),
+)
+def test_the_long_string_test_is_the_longest_run_between_unescaped_quotes(text: str, threshold: int) -> None:
+    """The block shortcut answers as measuring every run would."""
+    blanked = re.sub(r'\\.', '__', text, flags=re.DOTALL)
+    longest = max(len(run) for run in blanked.split('"'))
+    expected = longest * (1 if text.isascii() else 4) >= threshold
+    assert _holds_a_long_string(text, threshold) == expected
 
 
 def test_a_large_text_is_walked_only_if_one_of_its_strings_is_long_enough() -> None:

@@ -85,14 +85,18 @@ def _holds_a_long_string(json_text: str, threshold_bytes: int) -> bool:
     string's decoded UTF-8 (and a base64 payload's bytes) is never longer than its spelling, whose
     escapes only shrink, and its spelling lies between two unescaped quotes: with every escape
     blanked out (same length, so no escaped quote is left), the longest run between quotes bounds
-    every string, and runs between strings only make the bound larger. Splitting at every quote
-    costs a small part of a parse.
+    every string, and runs between strings only make the bound larger. A run of `shortest` characters
+    contains a whole block of `shortest // 2` starting at a multiple of that, so a text whose every such
+    block holds a quote has no such run: a few searches that stop at the first quote of each block.
     """
     bytes_per_character = 1 if json_text.isascii() else 4
     if '\\' in json_text:
         json_text = _ESCAPE.sub('__', json_text)
-    longest = max(map(len, json_text.split('"')))
-    return longest * bytes_per_character >= threshold_bytes
+    shortest = -(-threshold_bytes // bytes_per_character)  # the shortest run that may hold a long string
+    block = shortest // 2
+    if block and all(json_text.find('"', start, start + block) >= 0 for start in range(0, len(json_text), block)):
+        return False
+    return max(map(len, json_text.split('"'))) >= shortest
 
 
 def has_markers(json_text: str) -> bool:
