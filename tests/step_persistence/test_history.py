@@ -24,7 +24,8 @@ from pydantic_ai.messages import (
 )
 
 from pydantic_ai_steps.capability._validity import ProviderValidity
-from pydantic_ai_steps.media import DiskMediaStore
+from pydantic_ai_steps.media import DiskMediaStore, MediaContext
+from pydantic_ai_steps.media._context import EMPTY_CONTEXT
 from pydantic_ai_steps.media._walker import externalize_tree
 from pydantic_ai_steps.step_persistence import ContinuableSnapshot, is_provider_valid
 from pydantic_ai_steps.store.history import (
@@ -536,6 +537,33 @@ def test_a_restamped_request_whose_new_fields_spell_a_reserved_key_reads_back(tm
         stamp(request)
         request.metadata = {'__harness_external_media__': True, 'note': 'a caller value'}
         await log.save(snapshot_of([request]), store.write)
+        texts = resolve_history(store.log, 1, len(store.log))
+        assert texts is not None
+        (loaded,) = await log.load(texts)
+        assert message_to_json(loaded) == message_to_json(request)
+
+    asyncio.run(main())
+
+
+def test_a_long_text_result_is_put_in_the_media_store_once_when_its_request_is_stamped(tmp_path: Path) -> None:
+    """The stamped version of a request whose tool result went to the media store names the same
+    blob without putting it again; the history reads back whole."""
+
+    class CountingStore(DiskMediaStore):
+        puts = 0
+
+        async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+            CountingStore.puts += 1
+            return await super().put(data, context=context)
+
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(CountingStore(tmp_path / 'media'), 1024)
+        request = tool_return(0)  # 2 KB of text: over the threshold, so it moves out
+        await log.save(snapshot_of([request]), store.write)
+        assert CountingStore.puts == 1 and 'xxxx' not in store.log[0].text
+        stamp(request)
+        await log.save(snapshot_of([request]), store.write)
+        assert CountingStore.puts == 1
         texts = resolve_history(store.log, 1, len(store.log))
         assert texts is not None
         (loaded,) = await log.load(texts)

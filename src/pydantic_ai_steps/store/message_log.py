@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import time
 from collections import OrderedDict
@@ -30,7 +31,7 @@ from ..media._markers import has_markers, mentions_reserved_key, might_need_exte
 from ..media._protocol import MediaStore
 from ..media._uri import parse_media_uri, uri_for_digest
 from ..media._walker import externalize_tree, restore_media
-from ._hashing import HashedBinaries
+from ._hashing import OFF_LOOP_HASH_BYTES, HashedBinaries
 from .history import (
     TAIL,
     HistoryDelta,
@@ -248,7 +249,7 @@ class MessageLog:
             # literal, so a reader given a media store (the inspector's default) reads it as written.
             media_store, threshold, needed = _INLINE, _NEVER, mentions_reserved_key(checked)
         else:
-            media_store, threshold = self.media_store, self.threshold_bytes
+            media_store, threshold = _RememberedPuts(self), self.threshold_bytes
             needed = bool(placeholders) or might_need_externalizing(checked, threshold)
         if not needed:
             return text
@@ -346,19 +347,8 @@ class MessageLog:
             return binary
         assert self.media_store is not None
         digest, identifier = await self._hashed.digest_and_identifier(binary)
-        put_at = self._stored_blobs.get(digest)
-        now = time.monotonic()
-        if put_at is not None and now - put_at < BLOB_MEMO_SECONDS and _collected.get(digest, -1.0) < put_at:
-            # The same bytes (say, an image sent in every turn) are not sent to the media store again.
-            self._stored_blobs.move_to_end(digest)
-            uri = uri_for_digest(digest.hex())
-        else:
-            media_type = binary.media_type if isinstance(binary.media_type, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
-            uri = await self.media_store.put(binary.data, context=MediaContext(media_type=media_type))
-            self._stored_blobs[bytes.fromhex(parse_media_uri(uri))] = now
-            self._stored_blobs.move_to_end(bytes.fromhex(parse_media_uri(uri)))
-            if len(self._stored_blobs) > _BLOBS_REMEMBERED:
-                self._stored_blobs.popitem(last=False)
+        media_type = binary.media_type if isinstance(binary.media_type, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
+        uri = await self.put_once(binary.data, digest, MediaContext(media_type=media_type))
         placeholder = PLACEHOLDER_PREFIX + bytes.fromhex(parse_media_uri(uri))
         stand_in = copy.copy(binary)
         stand_in._identifier = identifier  # pyright: ignore[reportPrivateUsage]
@@ -366,10 +356,60 @@ class MessageLog:
         placeholders[base64.urlsafe_b64encode(placeholder).decode()] = uri
         return stand_in
 
+    async def put_once(self, data: bytes, digest: bytes, context: MediaContext) -> str:
+        """Put `data` (whose sha256 is `digest`) in the media store, unless this process put it lately.
+
+        The same bytes (an image sent in every turn, a long tool result written again when its
+        request is stamped) are not sent to the media store again within `BLOB_MEMO_SECONDS`.
+        """
+        assert self.media_store is not None
+        put_at = self._stored_blobs.get(digest)
+        now = time.monotonic()
+        if put_at is not None and now - put_at < BLOB_MEMO_SECONDS and _collected.get(digest, -1.0) < put_at:
+            self._stored_blobs.move_to_end(digest)
+            return uri_for_digest(digest.hex())
+        uri = await self.media_store.put(data, context=context)
+        stored = bytes.fromhex(parse_media_uri(uri))
+        self._stored_blobs[stored] = now
+        self._stored_blobs.move_to_end(stored)
+        if len(self._stored_blobs) > _BLOBS_REMEMBERED:
+            self._stored_blobs.popitem(last=False)
+        return uri
+
     async def _restore(self, text: str) -> str:
         media_store = self.media_store if self.media_store is not None else _INLINE
         tree: object = await restore_media(json.loads(text), media_store=media_store)
         return compact_json(tree)
+
+
+class _RememberedPuts:
+    """A log's media store as the walker sees it: payloads this process put lately are not put again.
+
+    Payloads of `OFF_LOOP_HASH_BYTES` or more go to the store as they are (it hashes them, off the
+    event loop where it must); smaller ones are hashed here first, which costs less than a put.
+    """
+
+    def __init__(self, log: MessageLog) -> None:
+        assert log.media_store is not None
+        self._log = log
+        self._store = log.media_store
+
+    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
+        if len(data) >= OFF_LOOP_HASH_BYTES:
+            return await self._store.put(data, context=context)
+        return await self._log.put_once(data, hashlib.sha256(data).digest(), context)
+
+    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
+        return await self._store.get(uri, context=context)
+
+    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
+        return await self._store.exists(uri, context=context)
+
+    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
+        return await self._store.public_url(uri, context=context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str]:
+        return await self._store.get_metadata(uri, context=context)
 
 
 class _InlineOnly:
