@@ -27,43 +27,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.usage import RequestUsage
-
 import pydantic_ai_steps.media._markers as markers
 from inside_hooks import HookClock, TimedStepPersistence
 from pydantic_ai_steps.step_persistence import SqliteStepStore
 from pydantic_ai_steps.store.history import message_to_json
-from steps import UNLIMITED
+from steps import UNLIMITED, make_agent
 
 ROWS = 1500
 
 
 def rows(page: int) -> dict[str, Any]:
     return {f'row{i}': {'id': i, 'page': page, 'name': f'item {i}', 'tags': ['a', 'b']} for i in range(ROWS)}
-
-
-def make_agent(steps: int, capabilities: list[Any]) -> Agent[None, str]:
-    usage = RequestUsage(input_tokens=1, output_tokens=1)
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        del info
-        done = sum(1 for message in messages if isinstance(message, ModelResponse))
-        if done < steps - 1:
-            return ModelResponse(
-                parts=[ToolCallPart('query', {'page': done}, tool_call_id=f'call-{done}')], usage=usage
-            )
-        return ModelResponse(parts=[TextPart('done')], usage=usage)
-
-    agent = Agent(FunctionModel(model), capabilities=capabilities)
-
-    @agent.tool_plain
-    async def query(page: int) -> dict[str, Any]:  # pyright: ignore[reportUnusedFunction]
-        return rows(page)
-
-    return agent
 
 
 def always_walk(json_text: str, threshold_bytes: int) -> bool:
@@ -79,10 +53,14 @@ async def hooks_per_step(steps: int, walk_every_large_text: bool) -> tuple[float
     directory = Path(tempfile.mkdtemp(prefix='large-result-bench-'))
     try:
         store = SqliteStepStore(database=directory / 'steps.db')
-        await make_agent(2, [TimedStepPersistence(store)]).run('go', usage_limits=UNLIMITED)
+        await make_agent(2, given_usage=True, result=rows, capabilities=[TimedStepPersistence(store)]).run(
+            'go', usage_limits=UNLIMITED
+        )
         clock = HookClock()
         gc.collect()
-        result = await make_agent(steps, [TimedStepPersistence(store, clock=clock)]).run('go', usage_limits=UNLIMITED)
+        result = await make_agent(
+            steps, given_usage=True, result=rows, capabilities=[TimedStepPersistence(store, clock=clock)]
+        ).run('go', usage_limits=UNLIMITED)
         await store.aclose()
     finally:
         markers._holds_a_long_string = shipped  # pyright: ignore[reportPrivateUsage]

@@ -25,17 +25,14 @@ import timeit
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.usage import RequestUsage
+from pydantic_ai.messages import ModelRequest, ToolReturnPart
 
 import pydantic_ai_steps.store.message_log as message_log
 from inside_hooks import HookClock, TimedStepPersistence
 from pydantic_ai_steps.step_persistence import InMemoryStepStore
 from pydantic_ai_steps.store.history import message_to_json, request_tail, request_to_json
 from pydantic_ai_steps.store.patch import restamp
-from steps import UNLIMITED
+from steps import UNLIMITED, make_agent
 
 ROWS = 120
 
@@ -71,27 +68,6 @@ def loop_figures() -> None:
     print(loop_row(f'{ROWS}-row dict', rows(0)))
 
 
-def make_agent(steps: int, capabilities: list[Any]) -> Agent[None, str]:
-    usage = RequestUsage(input_tokens=1, output_tokens=1)
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        del info
-        done = sum(1 for message in messages if isinstance(message, ModelResponse))
-        if done < steps - 1:
-            return ModelResponse(
-                parts=[ToolCallPart('fetch', {'page': done}, tool_call_id=f'call-{done}')], usage=usage
-            )
-        return ModelResponse(parts=[TextPart('done')], usage=usage)
-
-    agent = Agent(FunctionModel(model), capabilities=capabilities)
-
-    @agent.tool_plain
-    async def fetch(page: int) -> dict[str, Any]:  # pyright: ignore[reportUnusedFunction]
-        return rows(page)
-
-    return agent
-
-
 def forgetting_the_end(request: ModelRequest) -> tuple[str, int | None]:
     return request_to_json(request)[0], None
 
@@ -102,7 +78,9 @@ async def hooks_per_step(steps: int, forget: bool) -> float:
         store = InMemoryStepStore()
         clock = HookClock()
         gc.collect()
-        await make_agent(steps, [TimedStepPersistence(store, clock=clock)]).run('go', usage_limits=UNLIMITED)
+        await make_agent(
+            steps, given_usage=True, result=rows, capabilities=[TimedStepPersistence(store, clock=clock)]
+        ).run('go', usage_limits=UNLIMITED)
         return clock.seconds / steps * 1e3
     finally:
         message_log.request_to_json = request_to_json

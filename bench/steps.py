@@ -70,8 +70,16 @@ TARGETS = {
 # --- the agent --------------------------------------------------------------------------------
 
 
-def make_agent(steps: int, capabilities: list[Any], *, given_usage: bool = False) -> Agent[None, str]:
-    """`steps` model requests: `steps - 1` tool calls (2 KB results), then a text answer.
+def page_of_text(page: int) -> str:
+    """The benchmark's tool result: 2 KB of text."""
+    return (f'page {page}: ' + 'x' * PAYLOAD)[:PAYLOAD]
+
+
+def make_agent(
+    steps: int, capabilities: list[Any], *, given_usage: bool = False, result: Callable[[int], Any] = page_of_text
+) -> Agent[None, str]:
+    """`steps` model requests: `steps - 1` tool calls (`result(page)` each, 2 KB of text unless
+    given), then a text answer.
 
     `FunctionModel` estimates the usage of a response that carries none by splitting every message
     of the history (pydantic-ai's own time per step grows with it); `given_usage` has the model
@@ -91,8 +99,8 @@ def make_agent(steps: int, capabilities: list[Any], *, given_usage: bool = False
     agent = Agent(FunctionModel(model), capabilities=capabilities)
 
     @agent.tool_plain
-    async def fetch(page: int) -> str:  # pyright: ignore[reportUnusedFunction]
-        return (f'page {page}: ' + 'x' * PAYLOAD)[:PAYLOAD]
+    async def fetch(page: int) -> Any:  # pyright: ignore[reportUnusedFunction]
+        return result(page)
 
     return agent
 
