@@ -109,6 +109,8 @@ class MessageLog:
         """Digest -> when this process last put it in `media_store` (bounded, most recent last)."""
         self._hashed = HashedBinaries()
         self._tracker: HistoryTracker[bytes] = HistoryTracker()
+        self._walked_store = _RememberedPuts(self, media_store) if media_store is not None else None
+        """The media store as the walker sees it (see `_RememberedPuts`)."""
 
     @property
     def tracker(self) -> HistoryTracker[bytes]:
@@ -244,12 +246,12 @@ class MessageLog:
         members after them are checked.
         """
         checked = text if settled is None else '{' + text[settled + 1 :]
-        if self.media_store is None:
+        if self._walked_store is None:
             # Nothing moves out, but a caller's value spelled like a marker is still wrapped as a
             # literal, so a reader given a media store (the inspector's default) reads it as written.
             media_store, threshold, needed = _INLINE, _NEVER, mentions_reserved_key(checked)
         else:
-            media_store, threshold = _RememberedPuts(self), self.threshold_bytes
+            media_store, threshold = self._walked_store, self.threshold_bytes
             needed = bool(placeholders) or might_need_externalizing(checked, threshold)
         if not needed:
             return text
@@ -389,10 +391,9 @@ class _RememberedPuts:
     event loop where it must); smaller ones are hashed here first, which costs less than a put.
     """
 
-    def __init__(self, log: MessageLog) -> None:
-        assert log.media_store is not None
+    def __init__(self, log: MessageLog, store: MediaStore) -> None:
         self._log = log
-        self._store = log.media_store
+        self._store = store
 
     async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
         if len(data) >= OFF_LOOP_HASH_BYTES:
