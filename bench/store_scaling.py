@@ -19,18 +19,22 @@ connections count the statements), then with `dsn=`, the pool the store owns, wh
 connection between operations instead of a pool round trip each time. Over the caller's pool the
 floor is timed a second time through that same pool (an acquire and a release per write, as any
 statement sent through it pays), so what asyncpg's pool costs shows apart from what the store does.
+The two run in turn for `--rounds` rounds (3 by default), and each ratio is given as its median
+over the rounds with its range: one run on this machine swings by a fifth either way.
 
-    uv run python bench/store_scaling.py
+    uv run python bench/store_scaling.py [--rounds N]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +124,7 @@ async def cycle_times(
     return times
 
 
-async def main() -> None:
+async def main(rounds: int) -> None:
     result = await make_agent(STEPS, []).run('go', usage_limits=UNLIMITED)
     history = result.all_messages()
     stores: dict[str, Callable[[Path], Any]] = {
@@ -147,71 +151,98 @@ async def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
     url = pg_bench.dsn()
     if url is not None:
-        rows.append(await postgres_row(url, history))
+        rows.append(await postgres_rows(url, history, rounds))
         for row in rows:
             print(row)
 
 
-async def postgres_row(url: str, history: list[ModelMessage]) -> str:
-    """The PostgreSQL store beside its floor, cycle by cycle: over a caller's asyncpg pool whose
-    connections count the statements sent, and with `dsn=` (the pool it owns, which keeps a
-    connection between operations; the same backend sends the same statements)."""
+@dataclass
+class Attempt:
+    """One timed run of the PostgreSQL store and its floors: medians near step 100 and over the last 20 cycles."""
+
+    store: tuple[float, float]
+    floor: tuple[float, float]
+    pooled_floor: tuple[float, float] | None
+    statements: tuple[int, int]
+
+
+def _early_late(times: list[float]) -> tuple[float, float]:
+    return statistics.median(times[89:110]), statistics.median(times[-20:])
+
+
+async def postgres_attempt(url: str, history: list[ModelMessage], mode: str) -> Attempt:
+    """The PostgreSQL store beside its floor, cycle by cycle, over a caller's asyncpg pool whose
+    connections count the statements sent (`mode='caller pool'`) or with `dsn=` (the pool it owns,
+    which keeps a connection between operations; the same backend sends the same statements)."""
     from pydantic_ai_steps.step_persistence import PostgresStepStore
 
-    prefixes: list[str] = []
-    lines: list[str] = []
+    prefix = pg_bench.fresh_prefix('scaling')
+    pool = pg_bench.LazyPool(url, counting=True, store_pool=True)
+    store = PostgresStepStore(pool, table=prefix) if mode == 'caller pool' else PostgresStepStore(dsn=url, table=prefix)
+    floor = pg_bench.Floor(url, prefix)
+    await floor.open()
+    pooled = pg_bench.Floor(url, prefix, pool=pool) if mode == 'caller pool' else None
+    measured = Measured()
     try:
-        for attempt in ('warm-up', 'caller pool', 'dsn='):
-            prefix = pg_bench.fresh_prefix('scaling')
-            prefixes.append(prefix)
-            pool = pg_bench.LazyPool(url, counting=True, store_pool=True)
-            store = (
-                PostgresStepStore(pool, table=prefix) if attempt != 'dsn=' else PostgresStepStore(dsn=url, table=prefix)
-            )
-            floor = pg_bench.Floor(url, prefix)
-            await floor.open()
-            pooled = pg_bench.Floor(url, prefix, pool=pool) if attempt != 'dsn=' else None
-            measured = Measured()
-            try:
-                await store.list_runs(limit=1)  # the pool opened, the schema read
-                times = await cycle_times(store, history, floor, pool.statements, measured, pooled)
-            finally:
-                await floor.close()
-                if pooled is not None:
-                    await pooled.close()
-                await store.aclose()
-                await pool.close()
-            if attempt == 'warm-up':
-                continue
-            early, late = statistics.median(times[89:110]), statistics.median(times[-20:])
-            floor_early = statistics.median(measured.floor[89:110])
-            floor_late = statistics.median(measured.floor[-20:])
-            if attempt == 'caller pool':
-                low, high = min(measured.statements), max(measured.statements)
-                trips = f'{low}' if low == high else f'{low}-{high}'
-                counted = f'statements (round trips) per cycle: {trips} at every one of {len(times)} cycles'
-            else:
-                counted = 'its statements are those counted above (a pool the store owns cannot be wrapped)'
-            lines.append(
-                f'{"postgres":8} {early * 1e6:>10.0f} us {late * 1e6:>6.0f} us {late / early:>10.2f}x  ({attempt})\n'
-                f'{"  floor":8} {floor_early * 1e6:>10.0f} us {floor_late * 1e6:>6.0f} us '
-                f'{floor_late / floor_early:>10.2f}x\n'
-                f'  postgres / floor: {early / floor_early:.2f}x near step 100, {late / floor_late:.2f}x over the '
-                f'last 20; {counted}'
-            )
-            if measured.pooled_floor:
-                pooled_early = statistics.median(measured.pooled_floor[89:110])
-                pooled_late = statistics.median(measured.pooled_floor[-20:])
-                lines.append(
-                    f'  floor through the same pool: {pooled_early * 1e6:.0f} us near step 100, '
-                    f'{pooled_late * 1e6:.0f} us over the last 20; postgres / it: {early / pooled_early:.2f}x, '
-                    f'{late / pooled_late:.2f}x'
-                )
-        return '\n'.join(lines)
+        await store.list_runs(limit=1)  # the pool opened, the schema read
+        times = await cycle_times(store, history, floor, pool.statements, measured, pooled)
     finally:
-        for prefix in prefixes:
-            await pg_bench.drop_prefix(url, prefix)
+        await floor.close()
+        if pooled is not None:
+            await pooled.close()
+        await store.aclose()
+        await pool.close()
+        await pg_bench.drop_prefix(url, prefix)
+    counted = measured.statements if mode == 'caller pool' else [0]
+    return Attempt(
+        _early_late(times),
+        _early_late(measured.floor),
+        _early_late(measured.pooled_floor) if measured.pooled_floor else None,
+        (min(counted), max(counted)),
+    )
+
+
+async def postgres_rows(url: str, history: list[ModelMessage], rounds: int) -> str:
+    """`rounds` rounds, each timing the store over a caller's pool then with `dsn=`, beside their
+    floors; one line per attempt, then the median of each ratio over the rounds (one run of this
+    machine swings by a fifth either way, which a single ratio would carry whole)."""
+    await postgres_attempt(url, history, 'dsn=')  # warm-up: imports, the server's caches
+    lines = [f'postgres, {rounds} round(s): us per cycle near step 100 / over the last 20 cycles']
+    ratios: dict[str, list[float]] = {}
+    for number in range(1, rounds + 1):
+        for mode in ('caller pool', 'dsn='):
+            found = await postgres_attempt(url, history, mode)
+            (early, late), (floor_early, floor_late) = found.store, found.floor
+            line = (
+                f'  round {number} {mode:11} store {early * 1e6:5.0f} / {late * 1e6:5.0f}, '
+                f'floor {floor_early * 1e6:5.0f} / {floor_late * 1e6:5.0f}'
+            )
+            for name, value in (
+                (f'{mode}: store / floor near step 100', early / floor_early),
+                (f'{mode}: store / floor over the last 20', late / floor_late),
+                (f'{mode}: store, last 20 / step 100', late / early),
+                (f'{mode}: floor, last 20 / step 100', floor_late / floor_early),
+            ):
+                ratios.setdefault(name, []).append(value)
+            if found.pooled_floor is not None:
+                pooled_early, pooled_late = found.pooled_floor
+                line += f', floor through the same pool {pooled_early * 1e6:5.0f} / {pooled_late * 1e6:5.0f}'
+                ratios.setdefault(f'{mode}: store / floor through the same pool near step 100', []).append(
+                    early / pooled_early
+                )
+                ratios.setdefault(f'{mode}: store / floor through the same pool over the last 20', []).append(
+                    late / pooled_late
+                )
+                low, high = found.statements
+                line += f'; statements per cycle: {low if low == high else f"{low}-{high}"} at every cycle'
+            lines.append(line)
+    lines.append('  median over the rounds (min-max):')
+    for name, values in ratios.items():
+        lines.append(f'    {name}: {statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})')
+    return '\n'.join(lines)
 
 
 if __name__ == '__main__':
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description="A store's own cost per tool cycle near step 100 and step 400.")
+    parser.add_argument('--rounds', type=int, default=3, help='PostgreSQL rounds (each: caller pool, then dsn=)')
+    asyncio.run(main(parser.parse_args().rounds))
