@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import anyio
@@ -198,35 +198,27 @@ class Connections:
             with contextlib.suppress(Exception):
                 pool.terminate()
 
-    @asynccontextmanager
-    async def acquire(self) -> AsyncGenerator[PostgresConnection]:
-        """One connection, within `acquire_timeout` seconds, released (or parked) on exit."""
-        pool = await self._pool()
-        parked = await self._unpark()
-        if parked is not None:
-            context, conn = parked
-        else:
-            context = pool.acquire()
-            self._waiting += 1
-            try:
-                async with asyncio.timeout(self.acquire_timeout):  # asyncpg and psycopg run on asyncio only
-                    conn = await context.__aenter__()
-            except TimeoutError:
-                raise PoolTimeoutError(self._timeout_message(pool)) from None
-            except Exception as error:
-                if type(error).__name__ == 'PoolTimeout':  # psycopg_pool's own wait limit
-                    raise PoolTimeoutError(self._timeout_message(pool)) from None
-                raise
-            finally:
-                self._waiting -= 1
+    async def _take(self) -> tuple[AbstractAsyncContextManager[PostgresConnection], PostgresConnection, Any]:
+        """One connection (a parked one first), within `acquire_timeout` seconds: its context, itself, its pool."""
+        pool = self._caller_pool if self._caller_pool is not None else await self._pool()
+        if self._parked:
+            parked = await self._unpark()
+            if parked is not None:
+                return (*parked, pool)
+        context = pool.acquire()
+        self._waiting += 1
         try:
-            yield conn
-        except BaseException as error:
-            if not await context.__aexit__(type(error), error, error.__traceback__):
-                raise
-        else:
-            if not self._park(context, conn, pool):
-                await context.__aexit__(None, None, None)
+            async with asyncio.timeout(self.acquire_timeout):  # asyncpg and psycopg run on asyncio only
+                conn = await context.__aenter__()
+        except TimeoutError:
+            raise PoolTimeoutError(self._timeout_message(pool)) from None
+        except Exception as error:
+            if type(error).__name__ == 'PoolTimeout':  # psycopg_pool's own wait limit
+                raise PoolTimeoutError(self._timeout_message(pool)) from None
+            raise
+        finally:
+            self._waiting -= 1
+        return context, conn, pool
 
     async def _unpark(self) -> tuple[AbstractAsyncContextManager[PostgresConnection], PostgresConnection] | None:
         """A parked connection that is still open; closed ones go back to the pool, which replaces them."""
@@ -259,12 +251,20 @@ class Connections:
         )
 
     async def run(self, body: Callable[[PostgresConnection], Awaitable[_R]], *, replay_safe: bool) -> _R:
-        """`body(conn)` on one connection; again on another (up to three times) if it was dead and that is safe."""
+        """`body(conn)` on one connection, released (or parked) after; again on another (up to three
+        times) if it was dead and that is safe."""
         retried = 0
         while True:
             try:
-                async with self.acquire() as conn:
-                    return await body(conn)
+                context, conn, pool = await self._take()
+                try:
+                    result = await body(conn)
+                except BaseException as error:
+                    await context.__aexit__(type(error), error, error.__traceback__)
+                    raise
+                if not self._park(context, conn, pool):
+                    await context.__aexit__(None, None, None)
+                return result
             except Exception as error:
                 kind = disconnect_kind(error)
                 # A restart leaves every pooled connection dead, so a replay-safe call may meet
