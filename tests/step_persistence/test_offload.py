@@ -239,6 +239,7 @@ async def test_a_durable_sqlite_store_commits_on_the_loop_only_while_its_commits
     the commits to a worker, so it never holds the loop up for long, and fast ones bring them back."""
     loop_thread = threading.get_ident()
     store = SqliteStepStore(database=tmp_path / 's.db', media_store=None, durable=True)
+    monkeypatch.setattr(offload_module.FlushTimer, 'LIMIT', 10.0)  # every commit is fast, the first one too
     await store.register_run(RunRecord(run_id='r'))  # opens the connection, on a worker
     conn: sqlite3.Connection = store.backend._connection  # type: ignore[attr-defined]  # pyright: ignore
     commits: list[int] = []
@@ -250,7 +251,6 @@ async def test_a_durable_sqlite_store_commits_on_the_loop_only_while_its_commits
             await store.save_snapshot(make_snapshot('r', tool_cycle(prompt=f'p{step}'), step_index=step))
         return [thread == loop_thread for thread in commits]
 
-    monkeypatch.setattr(offload_module.FlushTimer, 'LIMIT', 10.0)  # every commit is fast
     assert await commit_threads(range(1, 4)) == [True, True, True]
     monkeypatch.setattr(offload_module.FlushTimer, 'LIMIT', 0.0)  # every commit is slow
     assert await commit_threads(range(4, 7)) == [False, False, False]  # the ones measured were slow
