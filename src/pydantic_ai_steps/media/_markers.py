@@ -73,30 +73,54 @@ def might_need_externalizing(json_text: str, threshold_bytes: int) -> bool:
     return len(json_text.encode('utf-8', 'surrogatepass')) >= threshold_bytes
 
 
-_ESCAPE = re.compile(r'\\.', re.DOTALL)
-"""A backslash escape in JSON text: the backslash and the character after it (the `u` of `\\uXXXX`)."""
-
-
 def _holds_a_long_string(json_text: str, threshold_bytes: int) -> bool:
     """Whether a string in `json_text` may decode to `threshold_bytes` UTF-8 bytes or more.
 
     A large tool result made of many small values is over the threshold as a whole but holds no
     payload to move; parsing and walking it at every boundary cost more than serializing it. A
     string's decoded UTF-8 (and a base64 payload's bytes) is never longer than its spelling, whose
-    escapes only shrink, and its spelling lies between two unescaped quotes: with every escape
-    blanked out (same length, so no escaped quote is left), the longest run between quotes bounds
-    every string, and runs between strings only make the bound larger. A run of `shortest` characters
-    contains a whole block of `shortest // 2` starting at a multiple of that, so a text whose every such
-    block holds a quote has no such run: a few searches that stop at the first quote of each block.
+    escapes only shrink, and its spelling lies between two unescaped quotes: the longest run
+    between unescaped quotes bounds every string, and runs between strings only make the bound
+    larger. A run of `shortest` characters contains a whole block of `shortest // 2` starting at a
+    multiple of that, so only the runs around blocks without a quote need measuring: a few searches
+    that stop at the first quote of each block. An escaped quote only splits a run the unescaped
+    ones would measure longer, so the quotes as written settle a long run at once, and the escapes
+    are blanked out (same length) only when that leaves the answer open.
     """
     bytes_per_character = 1 if json_text.isascii() else 4
-    if '\\' in json_text:
-        json_text = _ESCAPE.sub('__', json_text)
     shortest = -(-threshold_bytes // bytes_per_character)  # the shortest run that may hold a long string
     block = shortest // 2
-    if block and all(json_text.find('"', start, start + block) >= 0 for start in range(0, len(json_text), block)):
-        return False
-    return max(map(len, json_text.split('"'))) >= shortest
+    if not block:
+        return _longest_run(_blank_escapes(json_text)) >= shortest
+    if _long_run_around_a_bare_block(json_text, block, shortest):
+        return True
+    if '\\' not in json_text:
+        return False  # every quote is unescaped, and no block without one sits in a long run
+    return _long_run_around_a_bare_block(_blank_escapes(json_text), block, shortest)
+
+
+def _long_run_around_a_bare_block(text: str, block: int, shortest: int) -> bool:
+    """Whether a block of `text` without a quote lies in a run of `shortest` characters or more between quotes."""
+    for start in range(0, len(text), block):
+        if text.find('"', start, start + block) >= 0:
+            continue
+        after = text.find('"', start + block)
+        if (after if after >= 0 else len(text)) - text.rfind('"', 0, start) - 1 >= shortest:
+            return True
+    return False
+
+
+def _blank_escapes(json_text: str) -> str:
+    """`json_text` with `\\\\` and `\\"` escapes blanked out, so every quote left is unescaped.
+
+    Left to right, a run of backslashes pairs off as escaped backslashes, as a JSON reader reads
+    it; one left over escapes what follows, which matters only when that is a quote.
+    """
+    return json_text.replace('\\\\', '__').replace('\\"', '__')
+
+
+def _longest_run(text: str) -> int:
+    return max(map(len, text.split('"')))
 
 
 def has_markers(json_text: str) -> bool:
