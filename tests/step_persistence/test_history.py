@@ -572,6 +572,66 @@ def test_a_long_text_result_is_put_in_the_media_store_once_when_its_request_is_s
     asyncio.run(main())
 
 
+@pytest.mark.parametrize('payload', ['text', 'binary'])
+def test_the_stamped_version_of_a_request_whose_payload_moved_out_is_a_patch_of_its_stored_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload: str
+) -> None:
+    """A request whose payload went to the media store is stored with a marker in its place; its
+    stamped version is that stored text with the new fields after the parts, as a patch: the parts
+    are neither serialized nor walked again."""
+    import pydantic_ai_steps.store.message_log as message_log
+
+    walked: list[object] = []
+
+    async def counting_walk(tree: object, **kwargs: Any) -> Any:
+        walked.append(tree)
+        return await externalize_tree(tree, **kwargs)
+
+    monkeypatch.setattr(message_log, 'externalize_tree', counting_walk)
+
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(DiskMediaStore(tmp_path / 'media'), 1024)
+        content: Any = 'x' * 2048 if payload == 'text' else [BinaryContent(b'\x89PNG' * 512, media_type='image/png')]
+        request = ModelRequest(parts=[ToolReturnPart('fetch', content, tool_call_id='call-0')])
+        await log.save(snapshot_of([request]), store.write)
+        assert '__harness_external_media__' in store.log[0].text
+        stamp(request)
+        await log.save(snapshot_of([request]), store.write)
+        assert is_patch(store.log[1].text) and len(store.log[1].text) < 400
+        assert len(walked) == 1
+        texts = resolve_history(store.log, 1, len(store.log))
+        assert texts is not None
+        (loaded,) = await log.load(texts)
+        assert message_to_json(loaded) == message_to_json(request)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize('metadata', [{'__harness_external_media__': True}, {'content': 'z' * 2048}])
+def test_a_stamped_request_whose_payload_moved_out_and_whose_new_fields_need_a_walk_reads_back(
+    tmp_path: Path, metadata: dict[str, object]
+) -> None:
+    """New fields after the parts that spell a reserved key or hold a payload are not written onto
+    the stored text with its markers (a walk of that text would take them for a caller's values):
+    the whole request is serialized and walked again, and reads back as it was."""
+
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(DiskMediaStore(tmp_path / 'media'), 1024)
+        request = tool_return(0)  # 2 KB of text: over the threshold, so it moves out
+        await log.save(snapshot_of([request]), store.write)
+        stamp(request)
+        request.metadata = metadata
+        await log.save(snapshot_of([request]), store.write)
+        for count, size, texts in store.snapshots:
+            resolved = resolve_history(store.log, count, size)
+            assert resolved is not None
+            (loaded,) = await log.load(resolved)
+            assert message_to_json(loaded) == texts[0]
+        assert store.snapshots[-1][2][0] == message_to_json(request)
+
+    asyncio.run(main())
+
+
 # --- patches: properties ----------------------------------------------------------------------------
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)

@@ -156,14 +156,23 @@ class PatchBase:
     spells them as `text` does (see `request_tail`)."""
     split: int | None = field(default=None, compare=False)
     """Where the request's `parts` member ends in `text`, when its writer knows (`request_to_json`)."""
+    moved: bool = field(default=False, compare=False)
+    """Whether `text` is the request's JSON with payloads moved to the media store (or caller values
+    wrapped as literals): its parts spell markers, not the request's own values."""
 
-    def restamped(self, request: ModelRequest) -> tuple[str, str] | None:
-        """`request`'s JSON and a patch of this text spelling it, when the two differ only after the
-        parts; `None` otherwise (the caller serializes the whole request)."""
+    def restamped(self, request: ModelRequest) -> tuple[str, str, int] | None:
+        """This text with `request`'s fields after the parts, a patch of this text spelling it, and
+        where the parts end in it, when the request differs from this text's only after the parts;
+        `None` otherwise (the caller serializes the whole request). Unless `moved`, the text is
+        `request`'s JSON."""
         if self.parts is None or not self.text.startswith(_PARTS_FIRST) or not _same(self.parts, part_values(request)):
             return None
         tail = request_tail(request)
-        return restamp(self.index, self.text, tail, self.split) if tail is not None else None
+        restamped = restamp(self.index, self.text, tail, self.split) if tail is not None else None
+        if tail is None or restamped is None:
+            return None
+        text, patch = restamped
+        return text, patch, len(text) - len(tail)
 
 
 @dataclass
@@ -204,6 +213,12 @@ class HistoryDelta(Generic[StoredT]):
     def base_at(self, position: int) -> PatchBase | None:
         """The newest full text the log holds for `position`, if this process still knows it."""
         return None if self.previous is None else self.previous.bases.get(position)
+
+    def weight_at(self, position: int) -> int:
+        """What the stored version of `position` was estimated to hold alive, in bytes (0 if unknown)."""
+        if self.previous is None or position >= len(self.previous.weights):
+            return 0
+        return self.previous.weights[position]
 
 
 class HistoryTracker(Generic[StoredT]):

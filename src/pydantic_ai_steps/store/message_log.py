@@ -90,11 +90,11 @@ class PreparedSnapshot:
     _weights: dict[int, int]
     _full: dict[int, int] = field(default_factory=dict[int, int])
     """Position -> offset in `appends` of the full texts written for the last `TAIL` positions."""
-    _parts: dict[int, tuple[list[object], int | None]] = field(
-        default_factory=dict[int, tuple[list[object], int | None]]
+    _parts: dict[int, tuple[list[object], int | None, bool]] = field(
+        default_factory=dict[int, tuple[list[object], int | None, bool]]
     )
-    """Position -> `part_values` of those full texts that are a request's own JSON, and where its
-    parts end in the text if known (see `PatchBase.parts` and `PatchBase.split`)."""
+    """Position -> `part_values` of those full texts that are a request's, where its parts end in the
+    text if known, and whether payloads moved out of it (`PatchBase.parts`, `split`, `moved`)."""
 
 
 class MessageLog:
@@ -122,35 +122,39 @@ class MessageLog:
         digests: dict[int, bytes] = {}
         weights: dict[int, int] = {}
         full: dict[int, int] = {}
-        parts: dict[int, tuple[list[object], int | None]] = {}
+        parts: dict[int, tuple[list[object], int | None, bool]] = {}
         tail = len(delta.messages) - TAIL
         for position in delta.candidates:
-            message, placeholders, offloaded = await self._offload_binaries(delta.messages[position])
+            original = delta.messages[position]
+            message, placeholders, offloaded = await self._offload_binaries(original)
             base = delta.base_at(position)
             try:
-                restamped = base.restamped(message) if base is not None and type(message) is ModelRequest else None
-                split = None
+                restamped = self._restamped(base, original)
                 if restamped is not None:
-                    text, split = restamped[0], base.split if base is not None else None
+                    text, _, split = restamped
                 elif position >= tail and type(message) is ModelRequest:
                     text, split = request_to_json(message)  # a base its stamped version will reuse
                 else:
-                    text = message_to_json(message)
+                    text, split = message_to_json(message), None
             except pydantic_core.PydanticSerializationError as error:
                 if 'surrogates not allowed' not in str(error):
                     raise
                 raise _lone_surrogate(snapshot.run_id, position) from None
-            spelled = part_values(message) if position >= tail and type(message) is ModelRequest else None
+            moved = restamped is not None and base is not None and base.moved
+            spelled = part_values(original) if position >= tail and type(original) is ModelRequest else None
             digest = content_digest(text)
             digests[position] = digest
-            weights[position] = len(text) + offloaded
+            weights[position] = delta.weight_at(position) if moved else len(text) + offloaded
             if delta.stored_at(position) == digest:
                 continue
             if '\ufffd' in text and _holds_lone_surrogate(MessageAdapter.dump_python(message)):
                 raise _lone_surrogate(snapshot.run_id, position)  # pydantic put U+FFFD for one in a dict key
-            stored = await self._externalize(text, placeholders, settled=split if restamped is not None else None)
-            if self.max_text_bytes is not None and _utf8_length(stored) > self.max_text_bytes:
-                stored = await self._fit(snapshot, position, text, stored, placeholders)
+            if moved:
+                stored = text  # its base's stored parts, and new fields `_restamped` found nothing to move in
+            else:
+                stored = await self._externalize(text, placeholders, settled=split if restamped is not None else None)
+                if self.max_text_bytes is not None and _utf8_length(stored) > self.max_text_bytes:
+                    stored = await self._fit(snapshot, position, text, stored, placeholders)
             if restamped is not None and stored is text:
                 patch = restamped[1] if _worth(restamped[1], text) else None
             else:
@@ -160,11 +164,31 @@ class MessageLog:
                 continue
             if position >= tail:
                 full[position] = len(appends)
-                if stored is text and spelled is not None:
-                    parts[position] = (spelled, split)
+                if spelled is not None:
+                    parts[position] = (spelled, split, moved) if stored is text else (spelled, None, True)
             appends.append((position, stored))
         known = delta.previous.log_size if delta.previous is not None else None
         return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests, weights, full, parts)
+
+    def _restamped(self, base: PatchBase | None, message: ModelMessage) -> tuple[str, str, int] | None:
+        """A stamped request as its base's text with the new fields after the parts (`PatchBase.restamped`).
+
+        A base whose payloads moved out spells markers in its parts, and a walk of a text holding
+        them would take them for a caller's values: it is restamped only when the new fields hold
+        nothing to move (nor the text grows past the backend's limit); otherwise `None`, and the
+        request is serialized and walked whole.
+        """
+        if base is None or type(message) is not ModelRequest:
+            return None
+        restamped = base.restamped(message)
+        if restamped is None or not base.moved:
+            return restamped
+        text, _, split = restamped
+        if self._walk_needed('{' + text[split + 1 :]):
+            return None
+        if self.max_text_bytes is not None and _utf8_length(text) > self.max_text_bytes:
+            return None
+        return restamped
 
     def committed(self, prepared: PreparedSnapshot, log_size: int, verbatim: Collection[int] | None = None) -> None:
         """The backend wrote `prepared`; the run's log now holds `log_size` entries.
@@ -176,8 +200,9 @@ class MessageLog:
         """
         first = log_size - len(prepared.appends)
         requests = prepared._parts  # pyright: ignore[reportPrivateUsage]
+        unknown = (None, None, False)
         bases = {
-            position: PatchBase(first + offset, prepared.appends[offset][1], *requests.get(position, (None, None)))
+            position: PatchBase(first + offset, prepared.appends[offset][1], *requests.get(position, unknown))
             for position, offset in prepared._full.items()  # pyright: ignore[reportPrivateUsage]
             if verbatim is None or offset in verbatim
         }
@@ -246,19 +271,24 @@ class MessageLog:
         members after them are checked.
         """
         checked = text if settled is None else '{' + text[settled + 1 :]
+        if not placeholders and not self._walk_needed(checked):
+            return text
         if self._walked_store is None:
             # Nothing moves out, but a caller's value spelled like a marker is still wrapped as a
             # literal, so a reader given a media store (the inspector's default) reads it as written.
-            media_store, threshold, needed = _INLINE, _NEVER, mentions_reserved_key(checked)
+            media_store, threshold = _INLINE, _NEVER
         else:
             media_store, threshold = self._walked_store, self.threshold_bytes
-            needed = bool(placeholders) or might_need_externalizing(checked, threshold)
-        if not needed:
-            return text
         tree: object = await externalize_tree(
             json.loads(text), media_store=media_store, threshold_bytes=threshold, already_stored=placeholders
         )
         return compact_json(tree)
+
+    def _walk_needed(self, text: str) -> bool:
+        """Whether walking `text` could change it: a payload to move, or a reserved key to wrap."""
+        if self._walked_store is None:
+            return mentions_reserved_key(text)
+        return might_need_externalizing(text, self.threshold_bytes)
 
     async def _fit(
         self, snapshot: ContinuableSnapshot, position: int, text: str, stored: str, placeholders: dict[str, str]
