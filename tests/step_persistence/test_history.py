@@ -572,6 +572,37 @@ def test_a_long_text_result_is_put_in_the_media_store_once_when_its_request_is_s
     asyncio.run(main())
 
 
+@pytest.mark.parametrize('first', ['a binary of another media type', 'the same text'])
+def test_bytes_put_before_under_another_context_are_put_again_under_this_one(tmp_path: Path, first: str) -> None:
+    """A media store may file a blob by its context (`key_strategy(uri, context)`), and reads ask
+    with the context it was put with: bytes this process put lately under one context are put again
+    under another, not taken as stored."""
+    document = 'a line of the report\n' * 100  # over the 1024-byte threshold
+
+    def by_media_type(uri: str, context: MediaContext) -> str:
+        return f'{(context.media_type or "none").replace("/", "_")}/{uri[-64:]}.bin'
+
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(DiskMediaStore(tmp_path / 'media', key_strategy=by_media_type), 1024)
+        earlier: Any = (
+            [BinaryContent(document.encode(), media_type='text/markdown')]
+            if first == 'a binary of another media type'
+            else [BinaryContent(document.encode(), media_type='text/plain')]
+        )
+        messages: list[ModelMessage] = [
+            ModelRequest(parts=[UserPromptPart(['see', *earlier])]),
+            ModelRequest(parts=[ToolReturnPart('read', document, tool_call_id='c')]),
+            ModelRequest(parts=[UserPromptPart([BinaryContent(document.encode(), media_type='text/csv')])]),
+        ]
+        await log.save(snapshot_of(messages), store.write)
+        texts = resolve_history(store.log, len(messages), len(store.log))
+        assert texts is not None
+        loaded = await log.load(texts)
+        assert [message_to_json(message) for message in loaded] == [message_to_json(m) for m in messages]
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize('payload', ['text', 'binary'])
 def test_the_stamped_version_of_a_request_whose_payload_moved_out_is_a_patch_of_its_stored_text(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload: str

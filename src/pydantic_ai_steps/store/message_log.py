@@ -105,8 +105,8 @@ class MessageLog:
         self.threshold_bytes = threshold_bytes
         self.max_text_bytes = max_text_bytes
         """The longest text (UTF-8 bytes) one log entry may hold, when the backend has a limit."""
-        self._stored_blobs: OrderedDict[bytes, float] = OrderedDict()
-        """Digest -> when this process last put it in `media_store` (bounded, most recent last)."""
+        self._stored_blobs: OrderedDict[tuple[bytes, _Filing], float] = OrderedDict()
+        """`(digest, context)` -> when this process last put it in `media_store` (bounded, most recent last)."""
         self._hashed = HashedBinaries()
         self._tracker: HistoryTracker[bytes] = HistoryTracker()
         self._walked_store = _RememberedPuts(self, media_store) if media_store is not None else None
@@ -392,16 +392,19 @@ class MessageLog:
         """Put `data` (whose sha256 is `digest`) in the media store, unless this process put it lately.
 
         The same bytes (an image sent in every turn, a long tool result written again when its
-        request is stamped) are not sent to the media store again within `BLOB_MEMO_SECONDS`.
+        request is stamped) are not sent to the media store again within `BLOB_MEMO_SECONDS`, if
+        they were put with the same context: a store may file a blob by its context
+        (`key_strategy(uri, context)`), and reads ask with the context it was put with.
         """
         assert self.media_store is not None
-        put_at = self._stored_blobs.get(digest)
+        filed = _filed_by(context)
+        put_at = self._stored_blobs.get((digest, filed))
         now = time.monotonic()
         if put_at is not None and now - put_at < BLOB_MEMO_SECONDS and _collected.get(digest, -1.0) < put_at:
-            self._stored_blobs.move_to_end(digest)
+            self._stored_blobs.move_to_end((digest, filed))
             return uri_for_digest(digest.hex())
         uri = await self.media_store.put(data, context=context)
-        stored = bytes.fromhex(parse_media_uri(uri))
+        stored = (bytes.fromhex(parse_media_uri(uri)), filed)
         self._stored_blobs[stored] = now
         self._stored_blobs.move_to_end(stored)
         if len(self._stored_blobs) > _BLOBS_REMEMBERED:
@@ -464,6 +467,14 @@ class _InlineOnly:
 
 _INLINE = _InlineOnly()
 _NEVER = 1 << 62
+
+
+_Filing = tuple[str | None, str | None, tuple[tuple[str, str], ...]]
+
+
+def _filed_by(context: MediaContext) -> _Filing:
+    """Everything of a put's context a media store may file the blob by, as a hashable value."""
+    return context.media_type, context.filename, tuple(sorted(context.metadata.items()))
 
 
 def _lone_surrogate(run_id: str, position: int) -> InvalidRecordError:
