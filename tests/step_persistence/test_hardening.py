@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 import stat
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -410,3 +410,36 @@ def test_a_media_store_that_is_not_one_is_refused_at_construction(media_store: o
             make()
         assert f'got {type(media_store).__name__}' in str(refused.value) and 's3cr3t' not in str(refused.value)
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_collection_that_fails_partway_leaves_no_writer_trusting_what_it_deleted(tmp_path: Path) -> None:
+    """A writer of this process does not put again bytes it put lately; a garbage collection here
+    withdraws that trust for every blob it deleted, also when a delete fails partway (the one that
+    failed may have removed its blob first), so the next save puts them again and reads back."""
+
+    class FailingOnTheSecondDelete(DiskMediaStore):
+        deletes = 0
+
+        async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
+            deleted = await super().delete(uri, stored_before=stored_before)
+            FailingOnTheSecondDelete.deletes += 1
+            if FailingOnTheSecondDelete.deletes == 2:
+                raise OSError('the disk went away after the unlink')
+            return deleted
+
+    store = SqliteStepStore(database=tmp_path / 'steps.db', media_store=FailingOnTheSecondDelete(tmp_path / 'media'))
+
+    def with_images() -> list[ModelMessage]:
+        images = [BinaryContent(seed * 20_000, media_type='image/png') for seed in (b'\x89PNG', b'GIF8')]
+        return [ModelRequest(parts=[UserPromptPart(['x', *images], timestamp=T0)])]
+
+    await store.register_run(RunRecord(run_id='old'))
+    await store.save_snapshot(snap('old', with_images()))
+    await store.delete_run('old')
+    with pytest.raises(OSError, match='went away'):
+        await store.collect_garbage(grace=timedelta(0), writers_stopped=True)
+    assert FailingOnTheSecondDelete.deletes == 2 and list((tmp_path / 'media').rglob('*.bin')) == []
+    await store.register_run(RunRecord(run_id='new'))
+    await store.save_snapshot(snap('new', with_images()))
+    loaded = await store.latest_snapshot(run_id='new')
+    assert loaded is not None and dump(loaded.messages) == dump(with_images())

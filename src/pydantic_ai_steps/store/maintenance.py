@@ -238,14 +238,20 @@ class Maintenance:
                 referenced.update(_URI.findall(text))
         removed: list[str] = []
         size = 0
-        for blob in candidates:
-            if blob.uri in referenced:
-                continue
-            if dry_run or await media.delete(blob.uri, stored_before=cutoff):
-                removed.append(blob.uri)
-                size += blob.size
+        deleting: str | None = None
+        try:
+            for blob in candidates:
+                if blob.uri in referenced:
+                    continue
+                deleting = blob.uri
+                if dry_run or await media.delete(blob.uri, stored_before=cutoff):
+                    removed.append(blob.uri)
+                    size += blob.size
+                deleting = None
+        finally:
+            if not dry_run:  # also after a failed delete, which may have removed its blob before it raised
+                forget_collected(removed if deleting is None else [*removed, deleting])
         if not dry_run:
-            forget_collected(removed)
             await self._backend.reclaim_space()
         kept = sum(1 for blob in candidates if blob.uri in referenced)
         return GarbageResult(blobs=removed, bytes=size, kept_referenced=kept, kept_recent=recent, dry_run=dry_run)
