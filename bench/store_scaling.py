@@ -209,10 +209,18 @@ async def postgres_rows(url: str, history: list[ModelMessage], rounds: int) -> s
     await postgres_attempt(url, history, 'dsn=')  # warm-up: imports, the server's caches
     lines = [f'postgres, {rounds} round(s): us per cycle near step 100 / over the last 20 cycles']
     ratios: dict[str, list[float]] = {}
+    cycles: dict[str, list[float]] = {}
     for number in range(1, rounds + 1):
         for mode in ('caller pool', 'dsn='):
             found = await postgres_attempt(url, history, mode)
             (early, late), (floor_early, floor_late) = found.store, found.floor
+            for name, value in (
+                (f'{mode}: store', early),
+                (f'{mode}: store, last 20', late),
+                (f'{mode}: floor', floor_early),
+                (f'{mode}: floor, last 20', floor_late),
+            ):
+                cycles.setdefault(name, []).append(value)
             line = (
                 f'  round {number} {mode:11} store {early * 1e6:5.0f} / {late * 1e6:5.0f}, '
                 f'floor {floor_early * 1e6:5.0f} / {floor_late * 1e6:5.0f}'
@@ -236,7 +244,11 @@ async def postgres_rows(url: str, history: list[ModelMessage], rounds: int) -> s
                 low, high = found.statements
                 line += f'; statements per cycle: {low if low == high else f"{low}-{high}"} at every cycle'
             lines.append(line)
-    lines.append('  median over the rounds (min-max):')
+    lines.append('  median over the rounds (min-max), us per cycle:')
+    for name, values in cycles.items():
+        low, middle, high = (value * 1e6 for value in (min(values), statistics.median(values), max(values)))
+        lines.append(f'    {name}: {middle:.0f} us ({low:.0f}-{high:.0f})')
+    lines.append('  median over the rounds (min-max), ratios:')
     for name, values in ratios.items():
         lines.append(f'    {name}: {statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})')
     return '\n'.join(lines)
