@@ -638,6 +638,34 @@ def test_the_stamped_version_of_a_request_whose_payload_moved_out_is_a_patch_of_
     asyncio.run(main())
 
 
+def test_a_version_spelled_as_an_earlier_one_was_stored_is_still_written() -> None:
+    """The stamped version of a request stored with a caller's value wrapped is its stored text with
+    new fields; a later version whose own JSON spells that stored text (the caller now hands back
+    the wrapper itself) is a different message, and is written."""
+
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(None, 1 << 16)
+        value = {'__harness_external_media__': True, 'note': 'x' * 200}
+        request = ModelRequest(parts=[ToolReturnPart('t', value, tool_call_id='c')])
+        await log.save(snapshot_of([request]), store.write)  # stored with the value wrapped as a literal
+        stamp(request)
+        await log.save(snapshot_of([request]), store.write)
+        part = request.parts[0]
+        assert isinstance(part, ToolReturnPart)
+        wrapped = json.loads(store.log[0].text)['parts'][0]['content']
+        assert '__harness_external_literal__' in wrapped
+        request.parts = [ToolReturnPart('t', wrapped, tool_call_id='c', timestamp=part.timestamp)]
+        await log.save(snapshot_of([request]), store.write)
+        assert len(store.log) == 3
+        for count, size, texts in store.snapshots:
+            resolved = resolve_history(store.log, count, size)
+            assert resolved is not None
+            (loaded,) = await log.load(resolved)
+            assert message_to_json(loaded) == texts[0]
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize('metadata', [{'__harness_external_media__': True}, {'content': 'z' * 2048}])
 def test_a_stamped_request_whose_payload_moved_out_and_whose_new_fields_need_a_walk_reads_back(
     tmp_path: Path, metadata: dict[str, object]

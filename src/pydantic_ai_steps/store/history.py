@@ -121,6 +121,12 @@ def content_digest(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+def stored_digest(text: str) -> bytes:
+    """The digest of a message as stored, its payloads moved out (markers, literals), kept apart from
+    `content_digest` of a message's own JSON: a message may spell what another version was stored as."""
+    return hashlib.sha256(b'\0stored\0' + text.encode()).digest()
+
+
 def _shape(message: ModelMessage) -> list[object]:
     """References to everything the framework reassigns on a message or its parts."""
     return [*vars(message).values(), *part_values(message)]

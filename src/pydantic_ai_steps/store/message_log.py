@@ -43,6 +43,7 @@ from .history import (
     messages_from_json,
     part_values,
     request_to_json,
+    stored_digest,
 )
 from .patch import is_patch, make_patch
 
@@ -142,7 +143,7 @@ class MessageLog:
                 raise _lone_surrogate(snapshot.run_id, position) from None
             moved = restamped is not None and base is not None and base.moved
             spelled = part_values(original) if position >= tail and type(original) is ModelRequest else None
-            digest = content_digest(text)
+            digest = stored_digest(text) if moved else content_digest(text)
             digests[position] = digest
             weights[position] = delta.weight_at(position) if moved else len(text) + offloaded
             if delta.stored_at(position) == digest:
