@@ -15,15 +15,27 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic_ai import Agent
 from pydantic_ai.exceptions import UserError
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.capability import _internals, _persistence
 from pydantic_ai_steps.capability._operations import StoreOperations
 from pydantic_ai_steps.capability._writers import OperationSink
-from pydantic_ai_steps.step_persistence import ContinuableSnapshot, InMemoryStepStore, RunRecord
+from pydantic_ai_steps.media import DiskMediaStore
+from pydantic_ai_steps.step_persistence import ContinuableSnapshot, InMemoryStepStore, RunRecord, StepStore
 
 from . import agents, support
 
@@ -145,3 +157,89 @@ async def test_outside_its_workflow_an_agent_under_an_engine_writes_as_a_plain_o
         assert (await agent.run('cycles=2')).output == 'finished'
         await store.aclose()
     assert writes['durable'] == writes['plain']
+
+
+class _WholeHistoriesOnly:
+    """A step store without `write_snapshot_delta`: the engine path sends it every history whole."""
+
+    def __init__(self, store: InMemoryStepStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        if name == 'write_snapshot_delta':
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+
+@pytest.mark.parametrize('kind', ['delta store', 'delta store with media', 'whole histories'])
+async def test_a_caller_value_spelled_like_a_media_marker_reads_back_as_it_was_on_the_engine_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The engine path's encoder runs in workflow code, with no media store; a tool result holding
+    a reserved key reaches the store as the tool returned it, and reads back so."""
+    take_engine_path(monkeypatch)
+    inner = InMemoryStepStore(media_store=DiskMediaStore(tmp_path / 'media') if kind.endswith('media') else None)
+    store: StepStore = inner if kind.startswith('delta') else _WholeHistoriesOnly(inner)  # type: ignore[assignment]
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart('lookup', {}, tool_call_id='call-0')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    agent = Agent(FunctionModel(model), capabilities=[StepPersistence(store=store)])
+
+    @agent.tool_plain
+    def lookup() -> dict[str, Any]:  # pyright: ignore[reportUnusedFunction]
+        return {'__harness_external_media__': True, 'uri': 'media+sha256://' + '0' * 64, 'n': 1}
+
+    result = await agent.run('go')
+    runs = await inner.list_runs()
+    snapshot = await inner.latest_snapshot(run_id=runs[0].run_id)
+    assert snapshot is not None
+    assert ModelMessagesTypeAdapter.dump_json(snapshot.messages) == ModelMessagesTypeAdapter.dump_json(
+        result.all_messages()
+    )
+
+
+@pytest.mark.parametrize('with_media', [False, True])
+async def test_deltas_from_an_encoder_without_media_read_back_with_marker_like_values_anywhere(
+    tmp_path: Path, with_media: bool
+) -> None:
+    """The engine path's encoder sends full texts as serialized (the store wraps what it must) and
+    patches with such values already wrapped (the store keeps a patch as given)."""
+    from pydantic_ai_steps.store.message_log import DEFAULT_MEDIA_THRESHOLD, MessageLog
+    from pydantic_ai_steps.store.patch import is_patch
+    from pydantic_ai_steps.store.protocol import SnapshotDelta
+
+    store = InMemoryStepStore(media_store=DiskMediaStore(tmp_path / 'media') if with_media else None)
+    await store.register_run(RunRecord(run_id='r'))
+    encoder = MessageLog(None, DEFAULT_MEDIA_THRESHOLD, serialized_full_texts=True)
+    marker_like = {'__harness_external_media__': True, 'n': 1}
+    plain = ModelRequest(parts=[UserPromptPart('go ' * 200)])
+    holding = ModelRequest(parts=[ToolReturnPart('t', marker_like, tool_call_id='c')])
+    messages: list[ModelMessage] = [plain]
+    for step, change in enumerate(['first', 'stamp', 'holding', 'stamp again']):
+        if change == 'stamp':
+            plain.metadata = {'caller': marker_like}  # new fields after the parts: a patch of a verbatim base
+        elif change == 'holding':
+            messages.append(holding)
+        elif change == 'stamp again':
+            holding.metadata = {'k': 'v'}
+        prepared = await encoder.prepare(ContinuableSnapshot(run_id='r', step_index=step, messages=list(messages)))
+        if change == 'stamp':
+            ((_, patch),) = prepared.appends
+            assert is_patch(patch) and '__harness_external_literal__' in patch
+        outcome = await store.write_snapshot_delta(
+            SnapshotDelta(
+                run_id='r',
+                step_index=step,
+                message_count=prepared.message_count,
+                appends=prepared.appends,
+                expected_log_size=prepared.known_log_size,
+            )
+        )
+        assert outcome.log_size is not None
+        encoder.committed(prepared, outcome.log_size, frozenset(outcome.verbatim))
+        loaded = await store.latest_snapshot(run_id='r')
+        assert loaded is not None
+        assert ModelMessagesTypeAdapter.dump_json(loaded.messages) == ModelMessagesTypeAdapter.dump_json(messages)

@@ -229,7 +229,7 @@ class OperationSink:
         self._p = persistence
         self.clock = run_clock(ctx)
         self._deltas = isinstance(store, DeltaSnapshotStore)
-        self._log = MessageLog(None, DEFAULT_MEDIA_THRESHOLD)
+        self._log = MessageLog(None, DEFAULT_MEDIA_THRESHOLD, serialized_full_texts=True)
 
     defers_registration = False
 

@@ -101,11 +101,23 @@ class PreparedSnapshot:
 class MessageLog:
     """Per-store encoder of snapshots into message-log appends, and decoder back."""
 
-    def __init__(self, media_store: MediaStore | None, threshold_bytes: int, max_text_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        media_store: MediaStore | None,
+        threshold_bytes: int,
+        max_text_bytes: int | None = None,
+        *,
+        serialized_full_texts: bool = False,
+    ) -> None:
         self.media_store = media_store
         self.threshold_bytes = threshold_bytes
         self.max_text_bytes = max_text_bytes
         """The longest text (UTF-8 bytes) one log entry may hold, when the backend has a limit."""
+        self.serialized_full_texts = serialized_full_texts
+        """Full texts as their messages serialize, for a store that moves payloads out and wraps a
+        caller's marker-like values itself (`DeltaSnapshotStore`; such a text is then not stored
+        verbatim, so never a base here). Patches still carry those values wrapped: the store keeps
+        a patch as given."""
         self._stored_blobs: OrderedDict[tuple[bytes, _Filing], float] = OrderedDict()
         """`(digest, context)` -> when this process last put it in `media_store` (bounded, most recent last)."""
         self._hashed = HashedBinaries()
@@ -163,6 +175,8 @@ class MessageLog:
             if patch is not None:
                 appends.append((position, patch))
                 continue
+            if self.serialized_full_texts:
+                stored = text
             if position >= tail:
                 full[position] = len(appends)
                 if spelled is not None:
