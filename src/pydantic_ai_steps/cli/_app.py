@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument(
         '--writers-stopped',
         action='store_true',
-        help='no process writes to the store meanwhile, so a --grace under 10m (0s, say) is safe',
+        help='no process writes to the store meanwhile, so a --grace under 10m (0s, say) is safe; a writer '
+        'process that was only paused trusts its puts of the last 5 minutes: restart it, or wait that long',
     )
     gc.set_defaults(handler=_maintenance.cmd_gc)
     return parser

@@ -207,7 +207,8 @@ class Maintenance:
         store references would look unreferenced from here. A `grace` shorter than the time a
         writer trusts a blob it put (`MIN_LIVE_GRACE`) could remove a blob a running writer is
         about to reference without putting it again, so it is refused unless `writers_stopped=True`
-        says no process writes to the store meanwhile.
+        says no process writes to the store meanwhile (a writer process that was only paused trusts
+        its puts of the last `BLOB_MEMO_SECONDS`: restart it, or wait that long before it writes).
         """
         media = self.media_store
         if media is None:
