@@ -148,8 +148,10 @@ class DeltaSnapshotStore(RecordBatchStore, Protocol):
     `write_snapshot_delta(delta, tool_effects=, events=)` is `write_records(snapshot=..., ...)` for
     the snapshot the delta describes, as one unit, with these differences:
 
-    - the store serializes nothing: full texts are stored as given, except that payloads at or
-      above its media threshold move to its media store; patches are stored as given;
+    - the store serializes nothing: full texts are stored as given, except as a media walk
+      leaves them (payloads at or above its media threshold move to its media store, and a
+      caller's value spelled like a media marker is wrapped as a literal, so it reads back as
+      written); patches are stored as given (their writer wraps such values itself);
     - a stale delta (the log does not end at `expected_log_size`) writes nothing and answers
       `log_size=None`: the writer then sends the whole history (every position, no expectation);
     - a delta whose snapshot idempotency key was claimed before (a retried write that committed)

@@ -10,7 +10,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 
 from .._errors import InvalidRecordError
 from .._records import StepEvent
@@ -68,6 +76,19 @@ class DeltaConformance:
         saved = await all_snapshots(store, run_id)
         assert [dump(item.messages) for item in saved] == [before, dump(history)]
         assert [item.kind for item in await store.list_events(run_id=run_id)] == ['run_completed']
+
+    @pytest.mark.anyio
+    async def test_a_value_spelled_like_a_media_marker_reads_back_as_written(self, store: StepStore) -> None:
+        """A full text holds messages as they serialize: a caller's value that looks like a media
+        marker is the caller's, and is stored so that it reads back as such."""
+        writer = delta_store(store)
+        run_id = await new_run(store)
+        marker_like = {'__harness_external_media__': True, 'uri': 'media+sha256://' + '0' * 64, 'n': 1}
+        history: list[ModelMessage] = [ModelRequest(parts=[ToolReturnPart('t', marker_like, tool_call_id='c')])]
+        outcome = await writer.write_snapshot_delta(delta(run_id, history, full(history), idempotency_key='m'))
+        assert outcome.log_size == 1
+        (saved,) = await all_snapshots(store, run_id)
+        assert dump(saved.messages) == dump(history)
 
     @pytest.mark.anyio
     async def test_a_stale_delta_writes_nothing(self, store: StepStore) -> None:
