@@ -10,6 +10,8 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 from pydantic_ai_steps._errors import RecordTooLargeError
 from pydantic_ai_steps.media import DiskMediaStore
 from pydantic_ai_steps.step_persistence import InMemoryStepStore, RunRecord
+from pydantic_ai_steps.store.history import message_to_json
+from pydantic_ai_steps.store.protocol import SnapshotDelta
 from pydantic_ai_steps.testing.step_store import T0, dump, snapshot
 
 pytestmark = pytest.mark.anyio
@@ -57,3 +59,27 @@ async def test_without_a_media_store_the_error_says_so() -> None:
     with pytest.raises(RecordTooLargeError, match='no media store'):
         await store.save_snapshot(snapshot('r', many_small_parts(count=20, size=3000)))
     assert await store.latest_snapshot(run_id='r') is None
+
+
+async def test_a_long_message_in_a_snapshot_delta_moves_payloads_out_as_a_whole_snapshot_does(tmp_path: Path) -> None:
+    """Under a durability engine snapshots arrive as deltas of full texts: one longer than the
+    backend holds is fitted the same way, or refused naming itself."""
+    store = limited(DiskMediaStore(tmp_path / 'media'))
+    await store.register_run(RunRecord(run_id='r', started_at=T0))
+    history = many_small_parts(count=20, size=3000)
+    texts = [message_to_json(message) for message in history]
+    delta = SnapshotDelta(
+        run_id='r', step_index=1, message_count=2, appends=list(enumerate(texts)), expected_log_size=None, timestamp=T0
+    )
+    outcome = await store.write_snapshot_delta(delta)
+    assert outcome.log_size == 2 and outcome.verbatim == (1,)
+    log = await store.backend.fetch_log('r', below_index=99, positions_below=99)
+    assert all(len(entry.text.encode()) <= LIMIT for entry in log.entries)
+    latest = await store.latest_snapshot(run_id='r')
+    assert latest is not None and dump(latest.messages) == dump(history)
+    call = ModelResponse(parts=[ToolCallPart('lookup', {'q': 'y' * 30_000}, tool_call_id='c1')], timestamp=T0)
+    too_long = SnapshotDelta(
+        run_id='r', step_index=2, message_count=3, appends=[(2, message_to_json(call))], expected_log_size=2
+    )
+    with pytest.raises(RecordTooLargeError, match=r"message appended at offset 0 .* of run 'r' at step 2 is \d+ bytes"):
+        await store.write_snapshot_delta(too_long)

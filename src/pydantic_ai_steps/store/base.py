@@ -182,7 +182,7 @@ class StepStoreBase(Reads, Maintenance, AsyncClosing):
             if is_patch(text):
                 appends.append((position, text))
                 continue
-            stored = await self._log.stored_text(text)
+            stored = await self._log.stored_text(text, delta, offset)
             if stored == text:
                 verbatim.append(offset)
             appends.append((position, stored))

@@ -46,6 +46,7 @@ from .history import (
     stored_digest,
 )
 from .patch import is_patch, make_patch
+from .protocol import SnapshotDelta
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
 PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
@@ -167,7 +168,7 @@ class MessageLog:
             else:
                 stored = await self._externalize(text, placeholders, settled=split if restamped is not None else None)
                 if self.max_text_bytes is not None and _utf8_length(stored) > self.max_text_bytes:
-                    stored = await self._fit(snapshot, position, text, stored, placeholders)
+                    stored = await self._fit(f'{position} of the snapshot', snapshot, text, stored, placeholders)
             if restamped is not None and stored is text:
                 patch = restamped[1] if _worth(restamped[1], text) else None
             else:
@@ -266,10 +267,14 @@ class MessageLog:
         """The run ended, or a write failed or was stale: the next save of it rewrites from scratch."""
         self._tracker.forget(run_id)
 
-    async def stored_text(self, text: str) -> str:
-        """A full message text as this store keeps it: payloads at or above the threshold moved to
-        the media store (the text itself when nothing is moved)."""
-        return await self._externalize(text, {})
+    async def stored_text(self, text: str, delta: SnapshotDelta, offset: int) -> str:
+        """A full message text of `delta` (at `offset` in its appends) as this store keeps it:
+        payloads at or above the threshold moved to the media store, more of them if the text is
+        longer than the backend holds (the text itself when nothing is moved)."""
+        stored = await self._externalize(text, {})
+        if self.max_text_bytes is not None and _utf8_length(stored) > self.max_text_bytes:
+            stored = await self._fit(f'appended at offset {offset} by the snapshot delta', delta, text, stored, {})
+        return stored
 
     async def load(self, texts: Sequence[str]) -> list[ModelMessage]:
         """Rebuild messages from stored texts (patches resolved), putting externalized payloads back."""
@@ -306,14 +311,20 @@ class MessageLog:
         return might_need_externalizing(text, self.threshold_bytes)
 
     async def _fit(
-        self, snapshot: ContinuableSnapshot, position: int, text: str, stored: str, placeholders: dict[str, str]
+        self,
+        which: str,
+        snapshot: ContinuableSnapshot | SnapshotDelta,
+        text: str,
+        stored: str,
+        placeholders: dict[str, str],
     ) -> str:
         """A message text longer than the backend's `max_text_bytes`, with smaller payloads moved out until it fits.
 
         Payloads below `threshold_bytes` go to the media store too (the largest first: the threshold
         drops by a factor of four each pass, down to `FIT_FLOOR_BYTES`). Where nothing is left to
         move (no media store, or the bulk is not payloads: a tool call's arguments, say), a
-        `RecordTooLargeError` names the message, its size and the limit, before anything is written.
+        `RecordTooLargeError` names the message (`which`), its size and the limit, before anything
+        is written.
         """
         limit = self.max_text_bytes
         assert limit is not None
@@ -338,7 +349,7 @@ class MessageLog:
             else 'and the store has no media store to move its payloads to (media_store=None)'
         )
         raise RecordTooLargeError(
-            f'message {position} of the snapshot of run {snapshot.run_id!r} at step {snapshot.step_index} is '
+            f'message {which} of run {snapshot.run_id!r} at step {snapshot.step_index} is '
             f'{size} bytes as JSON {moved}; this store holds at most {limit} bytes per message'
         )
 
