@@ -11,7 +11,7 @@ Mixed into `StepStoreBase`, so every backend has it. The rules:
 - Media garbage collection removes a blob only when no stored text references it and nothing has
   put it for `grace` (an hour by default), checked again just before the blob is deleted. Writers
   put a blob before they reference it and re-put (refresh) anything they last put more than five
-  minutes ago (`message_log.BLOB_MEMO_SECONDS`), and the grace is at least twice that while
+  minutes ago (`_media_puts.BLOB_MEMO_SECONDS`), and the grace is at least twice that while
   writers run, so a blob a writer has just put, or is about to reference, is never collected.
   What a collection deletes, this process's writers put again. See `docs/design.md`.
 """
@@ -29,9 +29,10 @@ from .._records import RunQuery, RunRecord, RunStatus, StepEvent, utc_now
 from ..media._protocol import MediaStore
 from ..media._uri import MEDIA_URI_PREFIX
 from . import codec
+from ._media_puts import BLOB_MEMO_SECONDS, forget_collected
 from .backend import Backend, Damaged
 from .history import LogEntry
-from .message_log import BLOB_MEMO_SECONDS, MessageLog, forget_collected
+from .message_log import MessageLog
 from .patch import is_patch, patch_base_index
 
 _URI = re.compile(re.escape(MEDIA_URI_PREFIX) + '[0-9a-f]{64}')
@@ -39,7 +40,7 @@ _DELETE_CHUNK = 500
 DEFAULT_GRACE = timedelta(hours=1)
 MIN_LIVE_GRACE = timedelta(seconds=2 * BLOB_MEMO_SECONDS)
 """The shortest grace collection takes while writers may run: a writer trusts a blob it put for
-`message_log.BLOB_MEMO_SECONDS` before it puts it again; the other half is the margin for the time
+`_media_puts.BLOB_MEMO_SECONDS` before it puts it again; the other half is the margin for the time
 between that check and the writer's commit, and for a media server's clock (it dates the puts)."""
 EARLIEST = datetime.min.replace(tzinfo=UTC)
 """The earliest instant a `datetime` holds: the cutoff of an age reaching back further (`cutoff_for`)."""

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
 import json
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -26,12 +23,13 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest
 from .._errors import InvalidRecordError, RecordTooLargeError
 from .._json import compact_json
 from .._records import ContinuableSnapshot
-from ..media._context import EMPTY_CONTEXT, MediaContext
+from ..media._context import MediaContext
 from ..media._markers import has_markers, mentions_reserved_key, might_need_externalizing
 from ..media._protocol import MediaStore
-from ..media._uri import parse_media_uri, uri_for_digest
+from ..media._uri import parse_media_uri
 from ..media._walker import externalize_tree, restore_media
-from ._hashing import OFF_LOOP_HASH_BYTES, HashedBinaries
+from ._hashing import HashedBinaries
+from ._media_puts import INLINE, NEVER, RecentPuts, RememberedPuts
 from .history import (
     TAIL,
     HistoryDelta,
@@ -50,27 +48,6 @@ from .protocol import SnapshotDelta
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
 PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
-BLOB_MEMO_SECONDS = 300.0
-"""How long this process trusts that a blob it put is still in the media store. Media garbage
-collection never removes a blob put within its grace period (an hour by default, and never less
-than twice this while writers run: `maintenance.MIN_LIVE_GRACE`), so a writer that re-puts anything
-older than this never references a blob that collection removed, even with a slow commit or a
-media server whose clock is minutes off. A collection run in this process removes what it deleted
-from every writer's trust at once (`forget_collected`)."""
-_BLOBS_REMEMBERED = 4096
-_collected: dict[bytes, float] = {}
-"""Digest -> when (monotonic) a garbage collection in this process deleted it, for `BLOB_MEMO_SECONDS`."""
-
-
-def forget_collected(uris: Collection[str]) -> None:
-    """Blobs a garbage collection deleted: no writer of this process trusts an earlier put of them."""
-    now = time.monotonic()
-    for stale in [digest for digest, when in _collected.items() if now - when >= BLOB_MEMO_SECONDS]:
-        del _collected[stale]  # no trusted put is that old any more
-    for uri in uris:
-        _collected[bytes.fromhex(parse_media_uri(uri))] = now
-
-
 PATCH_RATIO = 2
 """A changed version is stored as a patch only if the patch is at most 1/PATCH_RATIO of its full text."""
 FIT_FLOOR_BYTES = 1024
@@ -119,12 +96,11 @@ class MessageLog:
         caller's marker-like values itself (`DeltaSnapshotStore`; such a text is then not stored
         verbatim, so never a base here). Patches still carry those values wrapped: the store keeps
         a patch as given."""
-        self._stored_blobs: OrderedDict[tuple[bytes, _Filing], float] = OrderedDict()
-        """`(digest, context)` -> when this process last put it in `media_store` (bounded, most recent last)."""
         self._hashed = HashedBinaries()
         self._tracker: HistoryTracker[bytes] = HistoryTracker()
-        self._walked_store = _RememberedPuts(self, media_store) if media_store is not None else None
-        """The media store as the walker sees it (see `_RememberedPuts`)."""
+        self._puts = RecentPuts(media_store) if media_store is not None else None
+        self._walked_store = RememberedPuts(self._puts) if self._puts is not None else None
+        """The media store as the walker sees it (see `RememberedPuts`)."""
 
     @property
     def tracker(self) -> HistoryTracker[bytes]:
@@ -296,7 +272,7 @@ class MessageLog:
         if self._walked_store is None:
             # Nothing moves out, but a caller's value spelled like a marker is still wrapped as a
             # literal, so a reader given a media store (the inspector's default) reads it as written.
-            media_store, threshold = _INLINE, _NEVER
+            media_store, threshold = INLINE, NEVER
         else:
             media_store, threshold = self._walked_store, self.threshold_bytes
         tree: object = await externalize_tree(
@@ -403,10 +379,10 @@ class MessageLog:
     async def _placeholder(self, binary: BinaryContent, placeholders: dict[str, str]) -> BinaryContent:
         if len(binary.data) < self.threshold_bytes:
             return binary
-        assert self.media_store is not None
+        assert self._puts is not None
         digest, identifier = await self._hashed.digest_and_identifier(binary)
         media_type = binary.media_type if isinstance(binary.media_type, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
-        uri = await self.put_once(binary.data, digest, MediaContext(media_type=media_type))
+        uri = await self._puts.put_once(binary.data, digest, MediaContext(media_type=media_type))
         placeholder = PLACEHOLDER_PREFIX + bytes.fromhex(parse_media_uri(uri))
         stand_in = copy.copy(binary)
         stand_in._identifier = identifier  # pyright: ignore[reportPrivateUsage]
@@ -414,93 +390,10 @@ class MessageLog:
         placeholders[base64.urlsafe_b64encode(placeholder).decode()] = uri
         return stand_in
 
-    async def put_once(self, data: bytes, digest: bytes, context: MediaContext) -> str:
-        """Put `data` (whose sha256 is `digest`) in the media store, unless this process put it lately.
-
-        The same bytes (an image sent in every turn, a long tool result written again when its
-        request is stamped) are not sent to the media store again within `BLOB_MEMO_SECONDS`, if
-        they were put with the same context: a store may file a blob by its context
-        (`key_strategy(uri, context)`), and reads ask with the context it was put with.
-        """
-        assert self.media_store is not None
-        filed = _filed_by(context)
-        put_at = self._stored_blobs.get((digest, filed))
-        now = time.monotonic()
-        if put_at is not None and now - put_at < BLOB_MEMO_SECONDS and _collected.get(digest, -1.0) < put_at:
-            self._stored_blobs.move_to_end((digest, filed))
-            return uri_for_digest(digest.hex())
-        uri = await self.media_store.put(data, context=context)
-        stored = (bytes.fromhex(parse_media_uri(uri)), filed)
-        self._stored_blobs[stored] = now
-        self._stored_blobs.move_to_end(stored)
-        if len(self._stored_blobs) > _BLOBS_REMEMBERED:
-            self._stored_blobs.popitem(last=False)
-        return uri
-
     async def _restore(self, text: str) -> str:
-        media_store = self.media_store if self.media_store is not None else _INLINE
+        media_store = self.media_store if self.media_store is not None else INLINE
         tree: object = await restore_media(json.loads(text), media_store=media_store)
         return compact_json(tree)
-
-
-class _RememberedPuts:
-    """A log's media store as the walker sees it: payloads this process put lately are not put again.
-
-    Payloads of `OFF_LOOP_HASH_BYTES` or more go to the store as they are (it hashes them, off the
-    event loop where it must); smaller ones are hashed here first, which costs less than a put.
-    """
-
-    def __init__(self, log: MessageLog, store: MediaStore) -> None:
-        self._log = log
-        self._store = store
-
-    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
-        if len(data) >= OFF_LOOP_HASH_BYTES:
-            return await self._store.put(data, context=context)
-        return await self._log.put_once(data, hashlib.sha256(data).digest(), context)
-
-    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        return await self._store.get(uri, context=context)
-
-    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
-        return await self._store.exists(uri, context=context)
-
-    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
-        return await self._store.public_url(uri, context=context)
-
-    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str]:
-        return await self._store.get_metadata(uri, context=context)
-
-
-class _InlineOnly:
-    """The media store of a store that keeps payloads inline: literals unwrap, a marker cannot be read."""
-
-    async def put(self, data: bytes, *, context: MediaContext = EMPTY_CONTEXT) -> str:
-        raise AssertionError('a store without a media store moves nothing out')  # threshold `_NEVER`
-
-    async def get(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bytes:
-        raise FileNotFoundError(f'media not found: {uri}: this store keeps payloads inline (media_store=None)')
-
-    async def exists(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> bool:
-        return False
-
-    async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
-        return None
-
-    async def get_metadata(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> Mapping[str, str]:
-        raise FileNotFoundError(f'media not found: {uri}: this store keeps payloads inline (media_store=None)')
-
-
-_INLINE = _InlineOnly()
-_NEVER = 1 << 62
-
-
-_Filing = tuple[str | None, str | None, tuple[tuple[str, str], ...]]
-
-
-def _filed_by(context: MediaContext) -> _Filing:
-    """Everything of a put's context a media store may file the blob by, as a hashable value."""
-    return context.media_type, context.filename, tuple(sorted(context.metadata.items()))
 
 
 def _lone_surrogate(run_id: str, position: int) -> InvalidRecordError:
