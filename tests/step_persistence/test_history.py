@@ -489,20 +489,26 @@ def test_a_patch_keeps_media_markers_and_reads_back(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_a_large_result_of_small_values_is_stored_as_serialized_and_restamped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A tool result over the media threshold with no payload that large has nothing to move: it is
-    not parsed and walked, its text is stored as serialized, and its stamped version is a patch."""
+@pytest.fixture
+def walked(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The trees the message log walks for media, from now on."""
     import pydantic_ai_steps.store.message_log as message_log
 
-    walked: list[object] = []
+    trees: list[object] = []
 
     async def counting_walk(tree: object, **kwargs: Any) -> Any:
-        walked.append(tree)
+        trees.append(tree)
         return await externalize_tree(tree, **kwargs)
 
     monkeypatch.setattr(message_log, 'externalize_tree', counting_walk)
+    return trees
+
+
+def test_a_large_result_of_small_values_is_stored_as_serialized_and_restamped(
+    tmp_path: Path, walked: list[object]
+) -> None:
+    """A tool result over the media threshold with no payload that large has nothing to move: it is
+    not parsed and walked, its text is stored as serialized, and its stamped version is a patch."""
 
     async def main() -> None:
         store, log = FakeStore(), MessageLog(DiskMediaStore(tmp_path / 'media'), 1024)
@@ -605,20 +611,11 @@ def test_bytes_put_before_under_another_context_are_put_again_under_this_one(tmp
 
 @pytest.mark.parametrize('payload', ['text', 'binary'])
 def test_the_stamped_version_of_a_request_whose_payload_moved_out_is_a_patch_of_its_stored_text(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload: str
+    tmp_path: Path, walked: list[object], payload: str
 ) -> None:
     """A request whose payload went to the media store is stored with a marker in its place; its
     stamped version is that stored text with the new fields after the parts, as a patch: the parts
     are neither serialized nor walked again."""
-    import pydantic_ai_steps.store.message_log as message_log
-
-    walked: list[object] = []
-
-    async def counting_walk(tree: object, **kwargs: Any) -> Any:
-        walked.append(tree)
-        return await externalize_tree(tree, **kwargs)
-
-    monkeypatch.setattr(message_log, 'externalize_tree', counting_walk)
 
     async def main() -> None:
         store, log = FakeStore(), MessageLog(DiskMediaStore(tmp_path / 'media'), 1024)
