@@ -1,4 +1,5 @@
-"""The media store as a message log uses it: puts remembered for a while, and a stand-in for none.
+"""The media store as a message log uses it: puts remembered for a while, binaries put straight from
+messages, and a stand-in for no media store.
 
 A writer puts a payload before any text references it. The same bytes come back often (an image
 sent in every turn, a long tool result written again when its request is stamped), so a log
@@ -8,15 +9,22 @@ collection is held to a grace period long enough for that trust (`BLOB_MEMO_SECO
 
 from __future__ import annotations
 
+import base64
+import copy
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, cast
+
+from pydantic_ai.messages import BinaryContent, ModelMessage
 
 from ..media._context import EMPTY_CONTEXT, MediaContext
 from ..media._protocol import MediaStore
 from ..media._uri import parse_media_uri, uri_for_digest
-from ._hashing import OFF_LOOP_HASH_BYTES
+from ._hashing import OFF_LOOP_HASH_BYTES, HashedBinaries
+
+PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
 
 BLOB_MEMO_SECONDS = 300.0
 """How long this process trusts that a blob it put is still in the media store. Media garbage
@@ -76,6 +84,73 @@ class RecentPuts:
         if len(self._put_at) > _BLOBS_REMEMBERED:
             self._put_at.popitem(last=False)
         return uri
+
+
+class BinaryOffload:
+    """Large `BinaryContent` bytes put in the media store straight from the message objects."""
+
+    def __init__(self, puts: RecentPuts, threshold_bytes: int) -> None:
+        self._puts = puts
+        self.threshold_bytes = threshold_bytes
+        self._hashed = HashedBinaries()
+
+    async def offload(self, message: ModelMessage) -> tuple[ModelMessage, dict[str, str], int]:
+        """Put large `BinaryContent` bytes in the media store straight from the message objects.
+
+        Serializing a 256 KiB image only to parse, decode and hash its base64 again costs more
+        than the rest of a boundary, so the bytes go to the media store as they are and the
+        message is serialized with a small placeholder in their place (on a shallow copy; the
+        live message is never touched). The placeholder is derived from the content hash, so the
+        serialized text still identifies the content. Payloads nested elsewhere (say, inside a
+        dict returned by a tool) are found by the JSON walk as before. Also returns how many
+        bytes were moved out.
+        """
+        placeholders: dict[str, str] = {}
+        parts: list[Any] | None = None
+        moved = 0
+        for index, part in enumerate(message.parts):
+            content = getattr(part, 'content', None)
+            replaced, size = await self._offload_content(content, placeholders)
+            if replaced is not content:
+                moved += size
+                parts = parts if parts is not None else list(message.parts)
+                stand_in = copy.copy(part)
+                stand_in.content = replaced  # pyright: ignore[reportAttributeAccessIssue]
+                parts[index] = stand_in
+        if parts is None:
+            return message, placeholders, 0
+        light = copy.copy(message)
+        light.parts = parts
+        return light, placeholders, moved
+
+    async def _offload_content(self, content: object, placeholders: dict[str, str]) -> tuple[object, int]:
+        if isinstance(content, BinaryContent):
+            replaced = await self._placeholder(content, placeholders)
+            return replaced, len(content.data) if replaced is not content else 0
+        if not isinstance(content, list | tuple):
+            return content, 0
+        items = cast(Sequence[object], content)
+        large = [item for item in items if isinstance(item, BinaryContent) and len(item.data) >= self.threshold_bytes]
+        if not large:
+            return items, 0
+        swapped = [
+            await self._placeholder(item, placeholders) if isinstance(item, BinaryContent) else item for item in items
+        ]
+        moved = sum(len(item.data) for item in large)
+        return (swapped if isinstance(content, list) else tuple(swapped)), moved
+
+    async def _placeholder(self, binary: BinaryContent, placeholders: dict[str, str]) -> BinaryContent:
+        if len(binary.data) < self.threshold_bytes:
+            return binary
+        digest, identifier = await self._hashed.digest_and_identifier(binary)
+        media_type = binary.media_type if isinstance(binary.media_type, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
+        uri = await self._puts.put_once(binary.data, digest, MediaContext(media_type=media_type))
+        placeholder = PLACEHOLDER_PREFIX + bytes.fromhex(parse_media_uri(uri))
+        stand_in = copy.copy(binary)
+        stand_in._identifier = identifier  # pyright: ignore[reportPrivateUsage]
+        stand_in.data = placeholder
+        placeholders[base64.urlsafe_b64encode(placeholder).decode()] = uri
+        return stand_in
 
 
 class RememberedPuts:

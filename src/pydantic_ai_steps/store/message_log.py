@@ -10,26 +10,21 @@ the messages. See `history` for the log layout.
 
 from __future__ import annotations
 
-import base64
-import copy
 import json
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import pydantic_core
-from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest
+from pydantic_ai.messages import ModelMessage, ModelRequest
 
 from .._errors import InvalidRecordError, RecordTooLargeError
 from .._json import compact_json
 from .._records import ContinuableSnapshot
-from ..media._context import MediaContext
 from ..media._markers import has_markers, mentions_reserved_key, might_need_externalizing
 from ..media._protocol import MediaStore
-from ..media._uri import parse_media_uri
 from ..media._walker import externalize_tree, restore_media
-from ._hashing import HashedBinaries
-from ._media_puts import INLINE, NEVER, RecentPuts, RememberedPuts
+from ._media_puts import INLINE, NEVER, BinaryOffload, RecentPuts, RememberedPuts
 from .history import (
     TAIL,
     HistoryDelta,
@@ -47,7 +42,6 @@ from .patch import is_patch, make_patch
 from .protocol import SnapshotDelta
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
-PLACEHOLDER_PREFIX = b'\x00pydantic-ai-steps media placeholder\x00'
 PATCH_RATIO = 2
 """A changed version is stored as a patch only if the patch is at most 1/PATCH_RATIO of its full text."""
 FIT_FLOOR_BYTES = 1024
@@ -96,10 +90,10 @@ class MessageLog:
         caller's marker-like values itself (`DeltaSnapshotStore`; such a text is then not stored
         verbatim, so never a base here). Patches still carry those values wrapped: the store keeps
         a patch as given."""
-        self._hashed = HashedBinaries()
         self._tracker: HistoryTracker[bytes] = HistoryTracker()
-        self._puts = RecentPuts(media_store) if media_store is not None else None
-        self._walked_store = RememberedPuts(self._puts) if self._puts is not None else None
+        puts = RecentPuts(media_store) if media_store is not None else None
+        self._binaries = BinaryOffload(puts, threshold_bytes) if puts is not None else None
+        self._walked_store = RememberedPuts(puts) if puts is not None else None
         """The media store as the walker sees it (see `RememberedPuts`)."""
 
     @property
@@ -115,17 +109,21 @@ class MessageLog:
         parts: dict[int, tuple[list[object], int | None, bool]] = {}
         tail = len(delta.messages) - TAIL
         for position in delta.candidates:
-            original = delta.messages[position]
-            message, placeholders, offloaded = await self._offload_binaries(original)
+            original = message = delta.messages[position]
             base = delta.base_at(position)
+            placeholders: dict[str, str] = {}
+            offloaded = 0
             try:
-                restamped = self._restamped(base, original)
+                restamped = self._restamped(base, message)
                 if restamped is not None:
-                    text, _, split = restamped
-                elif position >= tail and type(message) is ModelRequest:
-                    text, split = request_to_json(message)  # a base its stamped version will reuse
+                    text, _, split = restamped  # its parts are its base's: their binaries went out then
                 else:
-                    text, split = message_to_json(message), None
+                    if self._binaries is not None:
+                        message, placeholders, offloaded = await self._binaries.offload(message)
+                    if position >= tail and type(message) is ModelRequest:
+                        text, split = request_to_json(message)  # a base its stamped version will reuse
+                    else:
+                        text, split = message_to_json(message), None
             except pydantic_core.PydanticSerializationError as error:
                 if 'surrogates not allowed' not in str(error):
                     raise
@@ -328,67 +326,6 @@ class MessageLog:
             f'message {which} of run {snapshot.run_id!r} at step {snapshot.step_index} is '
             f'{size} bytes as JSON {moved}; this store holds at most {limit} bytes per message'
         )
-
-    async def _offload_binaries(self, message: ModelMessage) -> tuple[ModelMessage, dict[str, str], int]:
-        """Put large `BinaryContent` bytes in the media store straight from the message objects.
-
-        Serializing a 256 KiB image only to parse, decode and hash its base64 again costs more
-        than the rest of a boundary, so the bytes go to the media store as they are and the
-        message is serialized with a small placeholder in their place (on a shallow copy; the
-        live message is never touched). The placeholder is derived from the content hash, so the
-        serialized text still identifies the content. Payloads nested elsewhere (say, inside a
-        dict returned by a tool) are found by the JSON walk as before. Also returns how many
-        bytes were moved out.
-        """
-        placeholders: dict[str, str] = {}
-        if self.media_store is None:
-            return message, placeholders, 0
-        parts: list[Any] | None = None
-        moved = 0
-        for index, part in enumerate(message.parts):
-            content = getattr(part, 'content', None)
-            replaced, size = await self._offload_content(content, placeholders)
-            if replaced is not content:
-                moved += size
-                parts = parts if parts is not None else list(message.parts)
-                stand_in = copy.copy(part)
-                stand_in.content = replaced  # pyright: ignore[reportAttributeAccessIssue]
-                parts[index] = stand_in
-        if parts is None:
-            return message, placeholders, 0
-        light = copy.copy(message)
-        light.parts = parts
-        return light, placeholders, moved
-
-    async def _offload_content(self, content: object, placeholders: dict[str, str]) -> tuple[object, int]:
-        if isinstance(content, BinaryContent):
-            replaced = await self._placeholder(content, placeholders)
-            return replaced, len(content.data) if replaced is not content else 0
-        if not isinstance(content, list | tuple):
-            return content, 0
-        items = cast(Sequence[object], content)
-        large = [item for item in items if isinstance(item, BinaryContent) and len(item.data) >= self.threshold_bytes]
-        if not large:
-            return items, 0
-        swapped = [
-            await self._placeholder(item, placeholders) if isinstance(item, BinaryContent) else item for item in items
-        ]
-        moved = sum(len(item.data) for item in large)
-        return (swapped if isinstance(content, list) else tuple(swapped)), moved
-
-    async def _placeholder(self, binary: BinaryContent, placeholders: dict[str, str]) -> BinaryContent:
-        if len(binary.data) < self.threshold_bytes:
-            return binary
-        assert self._puts is not None
-        digest, identifier = await self._hashed.digest_and_identifier(binary)
-        media_type = binary.media_type if isinstance(binary.media_type, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
-        uri = await self._puts.put_once(binary.data, digest, MediaContext(media_type=media_type))
-        placeholder = PLACEHOLDER_PREFIX + bytes.fromhex(parse_media_uri(uri))
-        stand_in = copy.copy(binary)
-        stand_in._identifier = identifier  # pyright: ignore[reportPrivateUsage]
-        stand_in.data = placeholder
-        placeholders[base64.urlsafe_b64encode(placeholder).decode()] = uri
-        return stand_in
 
     async def _restore(self, text: str) -> str:
         media_store = self.media_store if self.media_store is not None else INLINE
