@@ -28,6 +28,7 @@ from pydantic_ai_steps.media import DiskMediaStore, MediaContext
 from pydantic_ai_steps.media._context import EMPTY_CONTEXT
 from pydantic_ai_steps.media._walker import externalize_tree
 from pydantic_ai_steps.step_persistence import ContinuableSnapshot, is_provider_valid
+from pydantic_ai_steps.store import patch as patch_module
 from pydantic_ai_steps.store.history import (
     TAIL,
     HistoryTracker,
@@ -784,6 +785,70 @@ def test_any_restamp_is_the_base_with_the_new_tail_exactly(
     assert apply_patch(patch, base) == text
     log = [LogEntry(base_index, 0, base), LogEntry(base_index + 1, 0, patch)]
     assert resolve_history(log, 1, base_index + 2) == [text]
+
+
+@pytest.mark.parametrize(
+    'tail',
+    [
+        ',"timestamp":"2026-01-01T00:00:00Z","instructions":null,"kind":"request","metadata":{"a":[1]}}',
+        ',"k":"\\x"}',  # an escape JSON does not have
+        ',"k":"\\u12"}',
+        ',"k":"\\u00e9\\"\\\\\\/"}',
+        ',"k":"a' + '\x01' + '"}',  # a raw control character
+        ',"k":"a\\"}',  # an unclosed string
+        ',"k":01}',
+        ',"k":1.}',
+        ',"k":-}',
+        ',"k":1e5,"l":-0.5E-3,"m":true,"n":false}',
+        ',"k":NaN}',  # Python's scanner takes it; no writer here spells it
+        ',"k":nul}',
+        ',"k":1',
+        ',"k":1}}',
+        ',"k":1,}',
+        ',"k" :1}',
+    ],
+)
+def test_a_tail_splits_as_the_scanner_does_at_the_edges_of_json(tail: str) -> None:
+    try:
+        expected: list[str] | None = [raw for _, raw, _ in patch_module._members('{' + tail[1:])]  # pyright: ignore[reportPrivateUsage]
+    except (ValueError, RecursionError):
+        expected = None
+    try:
+        found: list[str] | None = patch_module._tail_members(tail)  # pyright: ignore[reportPrivateUsage]
+    except (ValueError, RecursionError):
+        found = None
+    assert found == expected
+
+
+_string_like = st.text(
+    alphabet=st.sampled_from(['\\', 'u', '0', 'a', 'F', 'n', 'x', '"', '\x01', '\n', '\x1f', ' ', 'é']), max_size=8
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    data=st.data(),
+    value=st.dictionaries(st.text(max_size=6), json_values, min_size=1, max_size=8),
+    garbled=st.one_of(st.text(), _string_like.map(lambda inner: f'"{inner}"')),
+)
+def test_a_tail_splits_into_the_members_the_json_scanner_finds(
+    data: st.DataObject, value: dict[str, Any], garbled: str
+) -> None:
+    """The one-pass split of a request's tail agrees with the scanner's, and refuses what it refuses
+    (raw control characters and bad escapes in a string, values that are not JSON)."""
+    members = [data.draw(raw_json(key)) + ':' + data.draw(raw_json(item)) for key, item in value.items()]
+    if data.draw(st.booleans()):  # a member whose value is not JSON at all
+        members.insert(data.draw(st.integers(0, len(members))), '"k":' + garbled)
+    tail = ''.join(',' + member for member in members) + '}'
+    try:
+        expected: list[str] | None = [raw for _, raw, _ in patch_module._members('{' + tail[1:])]  # pyright: ignore[reportPrivateUsage]
+    except (ValueError, RecursionError):
+        expected = None
+    try:
+        found: list[str] | None = patch_module._tail_members(tail)  # pyright: ignore[reportPrivateUsage]
+    except (ValueError, RecursionError):
+        found = None
+    assert found == expected
 
 
 @settings(max_examples=200, deadline=None)

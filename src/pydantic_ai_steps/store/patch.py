@@ -31,6 +31,10 @@ PATCH_PREFIX = '{"$patch":['
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # (stub is off)
 """The C scanner behind `json.loads`: `(value, end)` of the JSON value at an index, `StopIteration` if none."""
 _INT = re.compile(r'-?[0-9]+')
+_STRING = r'"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*"'
+_SCALAR = rf'(?:{_STRING}|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null)'
+_FLAT_MEMBER = re.compile(rf',({_STRING}:{_SCALAR})')
+"""One member of a request's tail whose value is a string, number or literal: found in one C pass."""
 
 
 def is_patch(text: str) -> bool:
@@ -90,15 +94,29 @@ def restamp(base_index: int, base: str, tail: str, split: int | None = None) -> 
             split = _scan(base, colon + 1)[1]
         if not base.startswith((',', '}'), split):
             return None
-        old = _members('{' + base[split + 1 :]) if base.startswith(',', split) else []
-        new = _members('{' + tail[1:])
+        old = _tail_members(base[split:]) if base.startswith(',', split) else []
+        new = _tail_members(tail)
     except (ValueError, RecursionError, StopIteration):
         return None
-    if [key for key, _, _ in old] == [key for key, _, _ in new]:  # the usual case: copy what is the same
-        ops = [str(index) if raw == old[index - 1][1] else '{' + raw + '}' for index, (_, raw, _) in enumerate(new, 1)]
-    else:
-        ops = ['{' + raw + '}' for _, raw, _ in new]
+    # Member i of the new tail is copied when the base spells the same member at the same place (the
+    # usual case: the same keys, some values stamped anew), else written out.
+    ops = [
+        str(index) if index <= len(old) and raw == old[index - 1] else '{' + raw + '}'
+        for index, raw in enumerate(new, 1)
+    ]
     return base[:split] + tail, PATCH_PREFIX + ','.join([str(base_index), '0', *ops]) + ']}'
+
+
+def _tail_members(tail: str) -> list[str]:
+    """The raw members (`"key":value`) of `,"key":value,...}`: a request's fields after its parts.
+
+    Their values are strings and literals, except a `metadata` object now and then: a tail of
+    scalars is split in one regular-expression pass, any other by the JSON scanner (`_members`).
+    """
+    found: list[str] = _FLAT_MEMBER.findall(tail, 0, len(tail) - 1)
+    if tail.endswith('}') and sum(map(len, found)) + len(found) == len(tail) - 1:
+        return found  # the matches tile the text: they are its members
+    return [raw for _, raw, _ in _members('{' + tail[1:])]
 
 
 def apply_patch(patch: str, base: str) -> str:
