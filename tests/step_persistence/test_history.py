@@ -901,12 +901,29 @@ def test_every_snapshot_resolves_to_what_was_saved(script: list[str]) -> None:
     asyncio.run(main())
 
 
-@settings(max_examples=150, deadline=None)
-@given(message=message_strategy(), instructions=st.none() | st.text(max_size=20))
-def test_a_restamped_request_is_the_adapters_bytes(message: ModelMessage, instructions: str | None) -> None:
-    """What a boundary writes for a stamped request is what serializing all of it would write."""
+_spoofing_text = st.sampled_from([',"timestamp":', '","timestamp":"x', '}', 'plain'])
+_metadata = st.none() | st.dictionaries(
+    st.sampled_from(['timestamp', 'instructions', 'state', 'k']),
+    st.none() | _spoofing_text | st.dictionaries(st.sampled_from(['timestamp', 'kind']), _spoofing_text, max_size=2),
+    max_size=3,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    message=message_strategy(),
+    instructions=st.none() | st.text(max_size=20) | _spoofing_text,
+    metadata=_metadata,
+)
+def test_a_restamped_request_is_the_adapters_bytes(
+    message: ModelMessage, instructions: str | None, metadata: dict[str, Any] | None
+) -> None:
+    """What a boundary writes for a stamped request is what serializing all of it would write, and
+    the end of its parts is found whatever its other fields spell (the parts' end read from the end)."""
     if not isinstance(message, ModelRequest):
         return
+    message.metadata = metadata
+    message.instructions = instructions
     before, split = request_to_json(message)
     assert before == message_to_json(message)
     assert json.loads(before[:split] + '}') == {'parts': json.loads(before)['parts']}
@@ -920,6 +937,18 @@ def test_a_restamped_request_is_the_adapters_bytes(message: ModelMessage, instru
     assert result == restamp(0, before, tail)  # the same as finding the end of `parts` by scanning
     assert result[0] == message_to_json(message) == MessageAdapter.dump_json(message).decode()
     assert apply_patch(result[1], before) == result[0]
+
+
+def test_the_end_of_a_requests_parts_is_not_read_off_members_of_other_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read from the end, the fields after the parts must be exactly the request's, in order: a
+    serializer that spells them otherwise (another order, a field left out) has the parts measured."""
+    import pydantic_ai_steps.store.history as history_module
+
+    request = ModelRequest(parts=[UserPromptPart('hello')], instructions='be brief')
+    text, split = request_to_json(request)
+    assert text[split:].startswith(',"timestamp":')
+    monkeypatch.setattr(history_module, '_TAIL_KEYS', ('"instructions":', '"kind":'))
+    assert request_to_json(request) == (text, split)
 
 
 @settings(max_examples=150, deadline=None)

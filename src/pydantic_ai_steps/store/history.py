@@ -35,6 +35,7 @@ own other fields (`PatchBase.restamped`), the tool results being what costs to s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import operator
@@ -46,7 +47,7 @@ from typing import Generic, TypeVar, cast
 import pydantic
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
 
-from .patch import apply_ops, is_patch, patch_ops, restamp
+from .patch import apply_ops, is_patch, patch_ops, restamp, scalar_members
 
 MessageAdapter: pydantic.TypeAdapter[ModelMessage] = pydantic.TypeAdapter(
     ModelMessage, config=pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64')
@@ -89,15 +90,26 @@ def request_tail(request: ModelRequest) -> str | None:
     return ',' + text[1:] if len(text) > 2 else None
 
 
-def request_to_json(request: ModelRequest) -> tuple[str, int]:
-    """`message_to_json(request)`, and where its `parts` member ends in it.
+_TAIL_KEYS = tuple(f'"{field.name}":' for field in dataclasses.fields(ModelRequest) if field.name != 'parts')
+"""How the members after a request's `parts` start, in the order pydantic serializes them."""
 
-    Serialized in two pieces (the parts, then the other fields) so a later stamped version of the
-    request can reuse the parts' text without scanning it for its end (`PatchBase.split`).
+
+def request_to_json(request: ModelRequest) -> tuple[str, int]:
+    """`message_to_json(request)`, and where its `parts` member ends in it, so a later stamped
+    version of the request can reuse the parts' text without scanning it for its end (`PatchBase.split`).
+
+    The fields after the parts are scalars as a rule: they are found from the end, where the last
+    `,"timestamp":` starts members with exactly the request's field names (no value of theirs can
+    spell that unescaped). A request with an object among them (`metadata`) has its parts
+    serialized a second time, alone, to measure them.
     """
-    head = _REQUESTS.dump_json([request], include=_PARTS)[1:-2].decode()
-    tail = request_tail(request)
-    return head + (tail if tail is not None else '}'), len(head)
+    text = _REQUESTS.dump_json([request])[1:-1].decode()
+    if _TAIL_KEYS:
+        split = text.rfind(',' + _TAIL_KEYS[0])
+        members = scalar_members(text[split:]) if split > 0 else None
+        if members is not None and len(members) == len(_TAIL_KEYS) and all(map(str.startswith, members, _TAIL_KEYS)):
+            return text, split
+    return text, len(_REQUESTS.dump_json([request], include=_PARTS)[1:-2].decode())
 
 
 def part_values(message: ModelMessage) -> list[object]:

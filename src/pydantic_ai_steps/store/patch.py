@@ -107,16 +107,19 @@ def restamp(base_index: int, base: str, tail: str, split: int | None = None) -> 
     return base[:split] + tail, PATCH_PREFIX + ','.join([str(base_index), '0', *ops]) + ']}'
 
 
-def _tail_members(tail: str) -> list[str]:
-    """The raw members (`"key":value`) of `,"key":value,...}`: a request's fields after its parts.
-
-    Their values are strings and literals, except a `metadata` object now and then: a tail of
-    scalars is split in one regular-expression pass, any other by the JSON scanner (`_members`).
-    """
+def scalar_members(tail: str) -> list[str] | None:
+    """The raw members (`"key":value`) of `,"key":value,...}` when every value is a string, a number
+    or a literal (a request's fields after its parts, as a rule), found in one pass; else `None`."""
     found: list[str] = _FLAT_MEMBER.findall(tail, 0, len(tail) - 1)
     if tail.endswith('}') and sum(map(len, found)) + len(found) == len(tail) - 1:
         return found  # the matches tile the text: they are its members
-    return [raw for _, raw, _ in _members('{' + tail[1:])]
+    return None
+
+
+def _tail_members(tail: str) -> list[str]:
+    """The raw members of `,"key":value,...}`; a tail holding an object (`metadata`) is scanned."""
+    found = scalar_members(tail)
+    return found if found is not None else [raw for _, raw, _ in _members('{' + tail[1:])]
 
 
 def apply_patch(patch: str, base: str) -> str:
