@@ -92,6 +92,7 @@ def request_tail(request: ModelRequest) -> str | None:
 
 _TAIL_KEYS = tuple(f'"{field.name}":' for field in dataclasses.fields(ModelRequest) if field.name != 'parts')
 """How the members after a request's `parts` start, in the order pydantic serializes them."""
+_TAIL_START = ',' + _TAIL_KEYS[0]
 
 
 def request_to_json(request: ModelRequest) -> tuple[str, int]:
@@ -104,11 +105,10 @@ def request_to_json(request: ModelRequest) -> tuple[str, int]:
     serialized a second time, alone, to measure them.
     """
     text = _REQUESTS.dump_json([request])[1:-1].decode()
-    if _TAIL_KEYS:
-        split = text.rfind(',' + _TAIL_KEYS[0])
-        members = scalar_members(text[split:]) if split > 0 else None
-        if members is not None and len(members) == len(_TAIL_KEYS) and all(map(str.startswith, members, _TAIL_KEYS)):
-            return text, split
+    split = text.rfind(_TAIL_START)
+    members = scalar_members(text[split:]) if split > 0 else None
+    if members is not None and len(members) == len(_TAIL_KEYS) and all(map(str.startswith, members, _TAIL_KEYS)):
+        return text, split
     return text, len(_REQUESTS.dump_json([request], include=_PARTS)[1:-2].decode())
 
 
