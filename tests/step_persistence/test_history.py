@@ -787,6 +787,21 @@ def test_any_restamp_is_the_base_with_the_new_tail_exactly(
     assert resolve_history(log, 1, base_index + 2) == [text]
 
 
+def _split_by_the_scanner(tail: str) -> list[str] | None:
+    """A request's tail split by the JSON scanner, member by member; `None` where it refuses it."""
+    try:
+        return [raw for _, raw, _ in patch_module._members('{' + tail[1:])]  # pyright: ignore[reportPrivateUsage]
+    except (ValueError, RecursionError):
+        return None
+
+
+def _split_in_one_pass(tail: str) -> list[str] | None:
+    try:
+        return patch_module._tail_members(tail)  # pyright: ignore[reportPrivateUsage]
+    except (ValueError, RecursionError):
+        return None
+
+
 @pytest.mark.parametrize(
     'tail',
     [
@@ -809,15 +824,7 @@ def test_any_restamp_is_the_base_with_the_new_tail_exactly(
     ],
 )
 def test_a_tail_splits_as_the_scanner_does_at_the_edges_of_json(tail: str) -> None:
-    try:
-        expected: list[str] | None = [raw for _, raw, _ in patch_module._members('{' + tail[1:])]  # pyright: ignore[reportPrivateUsage]
-    except (ValueError, RecursionError):
-        expected = None
-    try:
-        found: list[str] | None = patch_module._tail_members(tail)  # pyright: ignore[reportPrivateUsage]
-    except (ValueError, RecursionError):
-        found = None
-    assert found == expected
+    assert _split_in_one_pass(tail) == _split_by_the_scanner(tail)
 
 
 _string_like = st.text(
@@ -840,15 +847,7 @@ def test_a_tail_splits_into_the_members_the_json_scanner_finds(
     if data.draw(st.booleans()):  # a member whose value is not JSON at all
         members.insert(data.draw(st.integers(0, len(members))), '"k":' + garbled)
     tail = ''.join(',' + member for member in members) + '}'
-    try:
-        expected: list[str] | None = [raw for _, raw, _ in patch_module._members('{' + tail[1:])]  # pyright: ignore[reportPrivateUsage]
-    except (ValueError, RecursionError):
-        expected = None
-    try:
-        found: list[str] | None = patch_module._tail_members(tail)  # pyright: ignore[reportPrivateUsage]
-    except (ValueError, RecursionError):
-        found = None
-    assert found == expected
+    assert _split_in_one_pass(tail) == _split_by_the_scanner(tail)
 
 
 @settings(max_examples=200, deadline=None)
