@@ -175,10 +175,10 @@ def install() -> None:
     validity = module('pydantic_ai_steps.capability._validity')
     time_sync(validity.ProviderValidity, 'check', 'capability: validity check')
     writers = module('pydantic_ai_steps.capability._writers')
-    for builder in ('step_event', 'continuable_snapshot', 'closed_entry'):
+    for builder in ('event_record', 'continuable_snapshot', 'closed_entry'):
         time_sync(writers, builder, 'records: build')
     persistence = module('pydantic_ai_steps.capability._persistence')
-    time_sync(persistence.StepPersistence, '_event_fields', 'records: build')
+    time_sync(persistence.StepPersistence, '_event', 'records: build')
 
     backend = module('pydantic_ai_steps.store.backends.sqlite._backend')
     time_async(backend.SqliteBackend, 'commit', 'backend commit')

@@ -593,7 +593,6 @@ async def test_durable_operations_dispatch_through_a_registered_engine_and_run_i
 
     store = InMemoryStepStore()
     persistence = StepPersistence[None](store=store, run_id='r')
-    persistence._writer = ImmediateWriter(persistence)  # pyright: ignore[reportPrivateUsage]
     await store.register_run(RunRecord(run_id='r'))
     dispatched: list[dict[str, object]] = []
 
@@ -602,6 +601,7 @@ async def test_durable_operations_dispatch_through_a_registered_engine_and_run_i
         dispatched.append(kwargs)
 
     ctx = RunContext[None](deps=None, model=TestModel(), usage=RunUsage())
+    persistence._writer = ImmediateWriter(persistence, ctx)  # pyright: ignore[reportPrivateUsage]
     ctx._durable_operations = {('step_persistence', 'append_event'): engine}  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
     with set_current_run_context(ctx):
         await persistence._record(ctx, 'run_started')  # pyright: ignore[reportPrivateUsage]

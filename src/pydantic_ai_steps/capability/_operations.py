@@ -283,20 +283,7 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
             'agent_name': agent_name,
         }
         event_records = [
-            step_event(
-                run_id=run_id,
-                **lineage,
-                metadata=dict(metadata),
-                event_index=note.event_index,
-                kind=note.kind,
-                step_index=note.step_index,
-                tool_call_id=note.tool_call_id,
-                tool_name=note.tool_name,
-                error=note.error,
-                tool_args=note.tool_args,
-                timestamp=note.timestamp,
-            )
-            for note in events or ()
+            event_record(note, run_id, conversation_id, parent_run_id, agent_name, metadata) for note in events or ()
         ]
         if registration is not None:
             record = RunRecord(
@@ -403,10 +390,41 @@ def snapshot_key(snapshot_index: int, step_index: int, state: str) -> str:
     return f'{snapshot_index}:{step_index}:{state}'
 
 
+def event_key(event_index: int, step_index: int, kind: str, tool_call_id: str | None) -> str:
+    """An event's idempotency key: the run's `event_index`-th event, at `step_index`."""
+    return f'{event_index}:{step_index}:{kind}:{tool_call_id or ""}'
+
+
 def step_event(*, event_index: int, **fields: Any) -> StepEvent:
-    """An event stamped now, keyed `{event_index}:{step_index}:{kind}:{tool_call_id or ''}`."""
-    key = f'{event_index}:{fields["step_index"]}:{fields["kind"]}:{fields["tool_call_id"] or ""}'
+    """An event stamped now, keyed by `event_key`."""
+    key = event_key(event_index, fields['step_index'], fields['kind'], fields['tool_call_id'])
     return StepEvent(**fields, idempotency_key=key)
+
+
+def event_record(
+    note: EventNote,
+    run_id: str,
+    conversation_id: str | None,
+    parent_run_id: str | None,
+    agent_name: str | None,
+    metadata: dict[str, str],
+) -> StepEvent:
+    """The event of the run that `note` describes."""
+    return StepEvent(
+        run_id=run_id,
+        kind=note.kind,
+        step_index=note.step_index,
+        timestamp=note.timestamp,
+        conversation_id=conversation_id,
+        parent_run_id=parent_run_id,
+        agent_name=agent_name,
+        tool_call_id=note.tool_call_id,
+        tool_name=note.tool_name,
+        error=note.error,
+        metadata=dict(metadata),
+        idempotency_key=event_key(note.event_index, note.step_index, note.kind, note.tool_call_id),
+        tool_args=note.tool_args,
+    )
 
 
 def continuable_snapshot(*, snapshot_index: int, **fields: Any) -> ContinuableSnapshot:

@@ -23,7 +23,7 @@ from . import _context
 from ._histories import describe_exit, describe_tool_error, with_output_tool_returns
 from ._internals import Engine, engine_free, journaling, records_batched, workflow_engine
 from ._lineage import parent_of, run_record
-from ._operations import StoreOperations
+from ._operations import EventNote, StoreOperations
 from ._run_ids import derive_run_id
 from ._snapshots import Snapshots
 from ._spec import check_arguments, store_from_spec
@@ -129,34 +129,44 @@ class StepPersistence(StoreOperations[AgentDepsT]):
 
     # --- recording ------------------------------------------------------------------------
 
-    def _event_fields(
-        self, ctx: RunContext[AgentDepsT], run_id: str, kind: EventKind, **extra: str | None
-    ) -> dict[str, Any]:
-        """The `append_event` operation's arguments for an event happening now."""
+    def _event(
+        self,
+        ctx: RunContext[AgentDepsT],
+        kind: EventKind,
+        *,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        error: str | None = None,
+        tool_args: str | None = None,
+    ) -> EventNote:
+        """An event happening now; the run's own fields (id, lineage, metadata) are the writer's to add."""
         index = self._event_sequence
         self._event_sequence += 1
-        return {
-            'run_id': run_id,
-            'kind': kind,
-            'step_index': ctx.run_step,
-            'conversation_id': ctx.conversation_id,
-            'parent_run_id': self.parent_run_id,
-            'agent_name': self.agent_name,
-            'tool_call_id': extra.get('tool_call_id'),
-            'tool_name': extra.get('tool_name'),
-            'error': extra.get('error'),
-            'metadata': dict(self.metadata),
-            'event_index': index,
-            'tool_args': extra.get('tool_args'),
-        }
+        return EventNote(
+            kind=kind,
+            step_index=ctx.run_step,
+            event_index=index,
+            timestamp=self._out.clock(),
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            error=error,
+            tool_args=tool_args,
+        )
 
     async def _record(
-        self, ctx: RunContext[AgentDepsT], kind: EventKind, *, defer: bool = False, **extra: str | None
+        self,
+        ctx: RunContext[AgentDepsT],
+        kind: EventKind,
+        *,
+        defer: bool = False,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        error: str | None = None,
     ) -> None:
         """Record an event. The run's opening and closing events are written at once unless `defer`
         (a caller that writes right after: the final snapshot)."""
-        fields = self._event_fields(ctx, self._run_id, kind, **extra)
-        await self._out.event(ctx, fields, now=kind in _OPENING_AND_CLOSING and not defer)
+        event = self._event(ctx, kind, tool_call_id=tool_call_id, tool_name=tool_name, error=error)
+        await self._out.event(ctx, event, now=kind in _OPENING_AND_CLOSING and not defer)
 
     # --- run lifecycle ----------------------------------------------------------------------
 
@@ -193,7 +203,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         registers it with the run's input, in `before_model_request`."""
         self._writer = await _choose_writer(self, ctx)
         record = run_record(ctx, self._run_id, self.parent_run_id, self.agent_name, self.metadata)
-        await self._out.register(ctx, record, lambda run_id: self._event_fields(ctx, run_id, 'run_started'))
+        await self._out.register(ctx, record, self._event(ctx, 'run_started'))
 
     def _stored_as(self, run_id: str) -> None:
         """The id the store registered the run under: a derived id that clashed was drawn again."""
@@ -280,8 +290,8 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         """
         run_id, call_id, name, out = self._run_id, call.tool_call_id, tool_def.name, self._out
         await self._snapshots.save_input(ctx)
-        opening = self._event_fields(
-            ctx, run_id, 'tool_call_started', tool_call_id=call_id, tool_name=name, tool_args=_args_text(call)
+        opening = self._event(
+            ctx, 'tool_call_started', tool_call_id=call_id, tool_name=name, tool_args=_args_text(call)
         )
         await out.tool_started(ctx, run_id, call_id, name, opening)
         call_token = _context.current_tool_call_id.set(call_id)
@@ -355,10 +365,10 @@ async def _choose_writer(persistence: StepPersistence[Any], ctx: RunContext[Any]
             raise UserError(_unjournaled_message(engine, capability_id))
         if isinstance(store, RecordBatchStore):
             return BatchingWriter(persistence, StoreSink(persistence, store))
-        return ImmediateWriter(persistence)
+        return ImmediateWriter(persistence, ctx)
     if await records_batched(ctx, capability_id):
         return BatchingWriter(persistence, OperationSink(persistence, ctx, store))
-    return ImmediateWriter(persistence)
+    return ImmediateWriter(persistence, ctx)
 
 
 def _args_text(call: ToolCallPart) -> str | None:

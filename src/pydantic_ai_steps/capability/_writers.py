@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic_ai.tools import RunContext
 
-from .._records import CLOSING_EVENTS, ContinuableSnapshot, RunRecord, ToolEffectRecord, utc_now
+from .._records import CLOSING_EVENTS, ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, utc_now
 from ..store.message_log import DEFAULT_MEDIA_THRESHOLD, MessageLog, PreparedSnapshot
 from ..store.protocol import DeltaSnapshotStore, RecordBatchStore, StepStore
 from ._internals import call_operation, run_clock
@@ -49,7 +49,7 @@ from ._operations import (
     SnapshotNote,
     closed_entry,
     continuable_snapshot,
-    step_event,
+    event_record,
 )
 from ._run_ids import claim_run_id
 
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from ._persistence import StepPersistence
 
 Fields = dict[str, Any]
-"""The keyword arguments of one durable operation (`append_event`, `save_snapshot`)."""
+"""The keyword arguments of the `save_snapshot` durable operation."""
 
 
 class ImmediateWriter:
@@ -65,8 +65,10 @@ class ImmediateWriter:
 
     defers_final_boundary = False
 
-    def __init__(self, persistence: StepPersistence[Any]) -> None:
+    def __init__(self, persistence: StepPersistence[Any], ctx: RunContext[Any]) -> None:
         self._p = persistence
+        self.clock = run_clock(ctx)
+        """Stamps the events the capability records; the operations stamp what they store."""
         self.registered = False
         """The run's registration went through: its log is this writer's to close."""
         self.closed = False
@@ -75,7 +77,7 @@ class ImmediateWriter:
     registration_pending = False
     """Registered in `before_run`: the input waits for the first tool call or a failure."""
 
-    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Callable[[str], Fields]) -> None:
+    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: EventNote) -> None:
         p = self._p
         registration_id = await call_operation(p, ctx, 'registration_id', p._new_registration_id)  # pyright: ignore[reportPrivateUsage]
         run_id = await call_operation(
@@ -97,16 +99,33 @@ class ImmediateWriter:
         )
         self.registered = True
         p._stored_as(run_id)  # pyright: ignore[reportPrivateUsage]
-        await self.event(ctx, opening(run_id), now=True)
+        await self.event(ctx, opening, now=True)
 
-    async def event(self, ctx: RunContext[Any], fields: Fields, *, now: bool) -> None:
+    async def event(self, ctx: RunContext[Any], event: EventNote, *, now: bool) -> None:
         del now  # every event is written at once
         p = self._p
-        await call_operation(p, ctx, 'append_event', p._append_event, **fields)  # pyright: ignore[reportPrivateUsage]
-        if fields['kind'] in CLOSING_EVENTS:
+        await call_operation(
+            p,
+            ctx,
+            'append_event',
+            p._append_event,  # pyright: ignore[reportPrivateUsage]
+            run_id=p._run_id,  # pyright: ignore[reportPrivateUsage]
+            kind=event.kind,
+            step_index=event.step_index,
+            conversation_id=ctx.conversation_id,
+            parent_run_id=p.parent_run_id,
+            agent_name=p.agent_name,
+            tool_call_id=event.tool_call_id,
+            tool_name=event.tool_name,
+            error=event.error,
+            metadata=dict(p.metadata),
+            event_index=event.event_index,
+            tool_args=event.tool_args,
+        )
+        if event.kind in CLOSING_EVENTS:
             self.closed = True
 
-    async def tool_started(self, ctx: RunContext[Any], run_id: str, call_id: str, name: str, event: Fields) -> None:
+    async def tool_started(self, ctx: RunContext[Any], run_id: str, call_id: str, name: str, event: EventNote) -> None:
         """The ledger entry, then the `tool_call_started` event: both before the tool runs."""
         p = self._p
         await call_operation(p, ctx, 'record_tool_effect', p._record_tool_started, run_id, call_id, name)  # pyright: ignore[reportPrivateUsage]
@@ -160,14 +179,18 @@ class Sink(Protocol):
         record: RunRecord,
         snapshot: Fields | None,
         tool_effects: list[ToolEffectRecord],
-        events: list[Fields],
+        events: list[EventNote],
     ) -> str:
         """Register the run with the first records written (`run_started` first); return the id it
         was stored under."""
         ...
 
     async def write(
-        self, ctx: RunContext[Any], snapshot: Fields | None, tool_effects: list[ToolEffectRecord], events: list[Fields]
+        self,
+        ctx: RunContext[Any],
+        snapshot: Fields | None,
+        tool_effects: list[ToolEffectRecord],
+        events: list[EventNote],
     ) -> None: ...
 
 
@@ -187,7 +210,7 @@ class StoreSink:
         record: RunRecord,
         snapshot: Fields | None,
         tool_effects: list[ToolEffectRecord],
-        events: list[Fields],
+        events: list[EventNote],
     ) -> str:
         """One `write_records`; a derived id drawn again after a clash goes on every record of it."""
         store = self._store
@@ -198,20 +221,31 @@ class StoreSink:
                 run=candidate,
                 snapshot=continuable_snapshot(**_of_run(snapshot, run_id)) if snapshot is not None else None,
                 tool_effects=[replace(effect, run_id=run_id) for effect in tool_effects],
-                events=[step_event(**_of_run(fields, run_id)) for fields in events],
+                events=self._records(ctx, run_id, events),
             )
 
         record.registration_id = str(uuid.uuid4())
         return await claim_run_id(store, record, register, self._p._derived_from)  # pyright: ignore[reportPrivateUsage]
 
     async def write(
-        self, ctx: RunContext[Any], snapshot: Fields | None, tool_effects: list[ToolEffectRecord], events: list[Fields]
+        self,
+        ctx: RunContext[Any],
+        snapshot: Fields | None,
+        tool_effects: list[ToolEffectRecord],
+        events: list[EventNote],
     ) -> None:
         await self._store.write_records(
             snapshot=continuable_snapshot(**snapshot) if snapshot is not None else None,
             tool_effects=tool_effects,
-            events=[step_event(**fields) for fields in events],
+            events=self._records(ctx, self._p._run_id, events),  # pyright: ignore[reportPrivateUsage]
         )
+
+    def _records(self, ctx: RunContext[Any], run_id: str, events: list[EventNote]) -> list[StepEvent]:
+        p = self._p
+        return [
+            event_record(event, run_id, ctx.conversation_id, p.parent_run_id, p.agent_name, p.metadata)
+            for event in events
+        ]
 
 
 class OperationSink:
@@ -239,7 +273,7 @@ class OperationSink:
         record: RunRecord,
         snapshot: Fields | None,
         tool_effects: list[ToolEffectRecord],
-        events: list[Fields],
+        events: list[EventNote],
     ) -> str:
         """Written in `before_run` (never deferred), so it carries `run_started` alone."""
         assert snapshot is None and not tool_effects, 'an engine run registers before it writes anything else'
@@ -247,7 +281,7 @@ class OperationSink:
         registration_id = await call_operation(p, ctx, 'registration_id', p._new_registration_id)  # pyright: ignore[reportPrivateUsage]
         registration = RegistrationNote(
             registration_id=registration_id,
-            started_at=events[0]['timestamp'],
+            started_at=events[0].timestamp,
             pydantic_ai_run_id=record.pydantic_ai_run_id,
             run_metadata=dict(record.run_metadata),
             parent_tool_call_id=record.parent_tool_call_id,
@@ -255,17 +289,19 @@ class OperationSink:
             forked_from=record.forked_from,
             derived_from=p._derived_from,  # pyright: ignore[reportPrivateUsage]
         )
-        result = await self._call(
-            ctx, record.run_id, registration=registration, events=[_event_note(fields) for fields in events]
-        )
+        result = await self._call(ctx, record.run_id, registration=registration, events=events)
         return result.run_id
 
     async def write(
-        self, ctx: RunContext[Any], snapshot: Fields | None, tool_effects: list[ToolEffectRecord], events: list[Fields]
+        self,
+        ctx: RunContext[Any],
+        snapshot: Fields | None,
+        tool_effects: list[ToolEffectRecord],
+        events: list[EventNote],
     ) -> None:
         run_id = self._p._run_id  # pyright: ignore[reportPrivateUsage]
         notes = [_effect_note(record) for record in tool_effects]
-        event_notes = [_event_note(fields) for fields in events]
+        event_notes = list(events)
         if snapshot is None:
             await self._call(ctx, run_id, tool_effects=notes, events=event_notes)
             return
@@ -322,19 +358,6 @@ def _of_run(fields: Fields, run_id: str) -> Fields:
     return {**fields, 'run_id': run_id}
 
 
-def _event_note(fields: Fields) -> EventNote:
-    return EventNote(
-        kind=fields['kind'],
-        step_index=fields['step_index'],
-        event_index=fields['event_index'],
-        timestamp=fields['timestamp'],
-        tool_call_id=fields['tool_call_id'],
-        tool_name=fields['tool_name'],
-        error=fields['error'],
-        tool_args=fields['tool_args'],
-    )
-
-
 def _effect_note(record: ToolEffectRecord) -> EffectNote:
     return EffectNote(
         tool_call_id=record.tool_call_id,
@@ -357,9 +380,10 @@ class BatchingWriter:
     def __init__(self, persistence: StepPersistence[Any], sink: Sink) -> None:
         self._p = persistence
         self._sink = sink
+        self.clock = sink.clock
         self.registered = False
         self.closed = False
-        self._events: list[Fields] = []
+        self._events: list[EventNote] = []
         self._effects: list[ToolEffectRecord] = []
         self._open: dict[str, ToolEffectRecord] = {}
         """The ledger entry of each tool call in flight, as last written."""
@@ -372,29 +396,27 @@ class BatchingWriter:
         """The sink defers the registration and nothing was written yet: the next write registers the run."""
         return self._registration is not None
 
-    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: Callable[[str], Fields]) -> None:
+    async def register(self, ctx: RunContext[Any], record: RunRecord, opening: EventNote) -> None:
         """The registration and `run_started` in one write: now, or with the next one if the sink defers it."""
-        now = self._sink.clock()
-        record.started_at = now
-        self._events.append({**opening(record.run_id), 'timestamp': now})
+        record.started_at = opening.timestamp
+        self._events.append(opening)
         self._registration = record
         self.registered = True  # the run's log is this writer's to close, if need be with the registration
         if not self._sink.defers_registration:
             await self._write(ctx)
 
-    async def event(self, ctx: RunContext[Any], fields: Fields, *, now: bool) -> None:
-        self._events.append({**fields, 'timestamp': self._sink.clock()})
-        if fields['kind'] in CLOSING_EVENTS:
+    async def event(self, ctx: RunContext[Any], event: EventNote, *, now: bool) -> None:
+        self._events.append(event)
+        if event.kind in CLOSING_EVENTS:
             self.closed = True
         if now:
             await self.flush(ctx)
 
-    async def tool_started(self, ctx: RunContext[Any], run_id: str, call_id: str, name: str, event: Fields) -> None:
+    async def tool_started(self, ctx: RunContext[Any], run_id: str, call_id: str, name: str, event: EventNote) -> None:
         """The ledger entry with the events recorded since the last write, `tool_call_started` last."""
-        now = self._sink.clock()
-        self._events.append({**event, 'timestamp': now})
+        self._events.append(event)
         started = ToolEffectRecord(
-            tool_call_id=call_id, tool_name=name, run_id=run_id, status='started', started_at=now
+            tool_call_id=call_id, tool_name=name, run_id=run_id, status='started', started_at=event.timestamp
         )
         self._open[call_id] = started
         await self._write(ctx, tool_effects=[started], close_entries=False)
@@ -466,7 +488,7 @@ class BatchingWriter:
                 raise
             # Keep them for the write that closes the run (idempotency keys make a repeat
             # harmless), except a `run_completed`: a run whose last write failed did not complete.
-            kept = [event for event in events if event['kind'] != 'run_completed']
+            kept = [event for event in events if event.kind != 'run_completed']
             if len(kept) < len(events):
                 self.closed = False
             self._events[:0] = kept
