@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -143,7 +144,9 @@ def test_forgotten_runs_start_over() -> None:
 
 @given(
     events=st.lists(
-        st.tuples(st.sampled_from(['call', 'return', 'text', 'rewrite']), st.sampled_from(['a', 'b', 'c', 'd'])),
+        st.tuples(
+            st.sampled_from(['call', 'return', 'text', 'rewrite', 'copy']), st.sampled_from(['a', 'b', 'c', 'd'])
+        ),
         max_size=60,
     )
 )
@@ -160,6 +163,8 @@ def test_incremental_validity_agrees_with_the_full_check(events: list[tuple[str,
             ]
         elif kind == 'text':
             messages = [*messages, ModelResponse(parts=[TextPart('hi')])]
+        elif kind == 'copy':  # equal messages, none of them the same object
+            messages = copy.deepcopy(messages)
         else:
             messages = messages[len(messages) // 2 :]
         assert checker.check(messages) == is_provider_valid(messages)

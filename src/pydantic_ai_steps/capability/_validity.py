@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Sequence
 
 from pydantic_ai.messages import (
@@ -49,7 +48,7 @@ class ProviderValidity:
     """`is_provider_valid` for one run's growing history, paying only for what is new.
 
     It remembers the open calls after a settled prefix (all but the newest `TAIL` messages) and
-    resumes from there when the next history starts with the same message objects; the prefix
+    resumes from there when the next history starts with equal messages; the prefix
     grows in place, so a check copies only the messages it settles.
     """
 
@@ -59,7 +58,9 @@ class ProviderValidity:
 
     def check(self, messages: Sequence[ModelMessage]) -> bool:
         known = len(self._prefix)
-        if known and len(messages) >= known and all(map(operator.is_, self._prefix, messages)):
+        # Equal messages answer the same calls, so an equal prefix (identical, as a rule: C compares
+        # identical items without calling `__eq__`) resumes as safely as the same objects would.
+        if known and len(messages) >= known and messages[:known] == self._prefix:
             start, open_calls = known, set(self._open_after_prefix)
         else:
             start, open_calls = 0, set[str]()
