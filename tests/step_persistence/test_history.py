@@ -58,6 +58,20 @@ def commit_all(tracker: HistoryTracker[int], run_id: str, messages: list[ModelMe
     return delta.candidates
 
 
+@pytest.mark.parametrize('known', [False, True], ids=['first write', 'later write'])
+def test_a_message_stamped_while_its_write_is_in_flight_is_a_candidate_again(known: bool) -> None:
+    """What a write stored is judged by the message as it was serialized, not as it is when the
+    write returns: a field reassigned meanwhile makes the position a candidate at the next save."""
+    tracker: HistoryTracker[int] = HistoryTracker()
+    messages = history(4)
+    if known:
+        commit_all(tracker, 'r', messages[:2])
+    delta = tracker.delta('r', messages)
+    messages[3].timestamp = STAMP  # pydantic-ai stamping it while the store commits
+    tracker.commit(delta, {position: position for position in delta.candidates}, 0)
+    assert tracker.delta('r', messages).candidates == [3]
+
+
 def test_only_new_positions_are_candidates_in_a_growing_history() -> None:
     tracker: HistoryTracker[int] = HistoryTracker()
     messages = history(40)

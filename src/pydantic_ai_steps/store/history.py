@@ -222,6 +222,8 @@ class HistoryDelta(Generic[StoredT]):
     """`None` when this process has not written the run before (so every position is a candidate)."""
     generation: int = 0
     """`previous.generation` when the delta was taken."""
+    shapes: dict[int, list[object]] = field(default_factory=dict[int, list[object]])
+    """`_shape` of each candidate, taken before it is serialized: what a later change is judged against."""
 
     def stored_at(self, position: int) -> StoredT | None:
         if self.previous is None or position >= len(self.previous.stored):
@@ -266,21 +268,23 @@ class HistoryTracker(Generic[StoredT]):
         current = list(messages)
         previous = self._runs.get(run_id)
         if previous is None:
-            return HistoryDelta(run_id, current, list(range(len(current))), None)
+            shapes = {position: _shape(message) for position, message in enumerate(current)}
+            return HistoryDelta(run_id, current, list(shapes), None, shapes=shapes)
         seen = previous.messages
         overlap = min(len(current), len(seen))
         settled = max(0, len(seen) - TAIL) if overlap == len(seen) else 0
         if settled and not all(map(operator.is_, itertools.islice(seen, settled), current)):
             settled = 0  # the history was rewritten: check every position
-        candidates: list[int] = []
+        shapes: dict[int, list[object]] = {}
         for position in range(settled, len(current)):
+            message = current[position]
+            shape = _shape(message)
             if position < overlap:
-                message = current[position]
-                shape = previous.shapes[position]
-                if seen[position] is message and shape is not None and _same(shape, _shape(message)):
+                known = previous.shapes[position]
+                if seen[position] is message and known is not None and _same(known, shape):
                     continue
-            candidates.append(position)
-        return HistoryDelta(run_id, current, candidates, previous, previous.generation)
+            shapes[position] = shape
+        return HistoryDelta(run_id, current, list(shapes), previous, previous.generation, shapes)
 
     def commit(
         self,
@@ -319,7 +323,7 @@ class HistoryTracker(Generic[StoredT]):
         values += [None] * added
         run.weights += [0] * added
         for position, value in stored.items():
-            run.shapes[position] = _shape(delta.messages[position])
+            run.shapes[position] = delta.shapes[position]
             values[position] = value
             if weights is not None:
                 size = weights.get(position, 0)
