@@ -184,6 +184,32 @@ def test_incremental_validity_agrees_with_the_full_check(events: list[tuple[str,
         assert checker.check(messages) == is_provider_valid(messages)
 
 
+class _Ambiguous:
+    """A tool result whose comparison has no truth value (as a numpy array's has none)."""
+
+    def __eq__(self, other: object) -> bool:
+        return _Undecided()  # pyright: ignore[reportReturnType]
+
+    __hash__ = None  # pyright: ignore[reportAssignmentType]
+
+
+class _Undecided:
+    def __bool__(self) -> bool:
+        raise ValueError('the truth value of an array with more than one element is ambiguous')
+
+
+def test_the_incremental_validity_check_survives_tool_results_that_cannot_be_compared() -> None:
+    call = ModelResponse(parts=[ToolCallPart('t', {}, tool_call_id='c')])
+    answer = ModelRequest(parts=[ToolReturnPart('t', _Ambiguous(), tool_call_id='c')])
+    messages: list[ModelMessage] = [call, answer, *(ModelResponse(parts=[TextPart('hi')]) for _ in range(TAIL))]
+    checker = ProviderValidity()
+    assert checker.check(messages)
+    copied = copy.deepcopy(messages)  # none of them the same object; comparing them asks the result
+    unanswered = ModelResponse(parts=[ToolCallPart('t', {}, tool_call_id='d')])
+    assert not checker.check([*copied, unanswered])
+    assert checker.check(copied)
+
+
 # --- patches: format and exactness ------------------------------------------------------------
 
 STAMP = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)

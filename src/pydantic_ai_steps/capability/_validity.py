@@ -58,9 +58,7 @@ class ProviderValidity:
 
     def check(self, messages: Sequence[ModelMessage]) -> bool:
         known = len(self._prefix)
-        # Equal messages answer the same calls, so an equal prefix (identical, as a rule: C compares
-        # identical items without calling `__eq__`) resumes as safely as the same objects would.
-        if known and len(messages) >= known and messages[:known] == self._prefix:
+        if known and len(messages) >= known and _same_prefix(messages[:known], self._prefix):
             start, open_calls = known, set(self._open_after_prefix)
         else:
             start, open_calls = 0, set[str]()
@@ -75,6 +73,20 @@ class ProviderValidity:
         self._open_after_prefix = set(settled)
         remaining = _open_calls_after(messages[checkpoint:], settled)
         return remaining is not None and not remaining
+
+
+def _same_prefix(head: Sequence[ModelMessage], prefix: list[ModelMessage]) -> bool:
+    """Whether `head` answers the same calls as `prefix`: equal messages do.
+
+    Compared as lists, in C: identical items (the rule) without calling `__eq__`. Messages that are
+    equal copies compare their fields, tool results included, whose `__eq__` is the caller's and
+    may raise (an array's ambiguous truth value): that counts as different, and the check starts
+    over.
+    """
+    try:
+        return head == prefix
+    except Exception:
+        return False
 
 
 def _answered_call(part: object) -> str | None:
