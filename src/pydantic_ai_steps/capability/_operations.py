@@ -191,22 +191,17 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
         event_index: int,
         tool_args: str | None = None,
     ) -> None:
-        await self.store.append_event(
-            step_event(
-                run_id=run_id,
-                kind=kind,
-                step_index=step_index,
-                conversation_id=conversation_id,
-                parent_run_id=parent_run_id,
-                agent_name=agent_name,
-                tool_call_id=tool_call_id,
-                tool_name=tool_name,
-                error=error,
-                metadata=metadata,
-                event_index=event_index,
-                tool_args=tool_args,
-            )
+        note = EventNote(
+            kind=kind,
+            step_index=step_index,
+            event_index=event_index,
+            timestamp=utc_now(),
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            error=error,
+            tool_args=tool_args,
         )
+        await self.store.append_event(event_record(note, run_id, conversation_id, parent_run_id, agent_name, metadata))
 
     @durable_operation(name='save_snapshot')
     async def _save_snapshot(
@@ -390,17 +385,6 @@ def snapshot_key(snapshot_index: int, step_index: int, state: str) -> str:
     return f'{snapshot_index}:{step_index}:{state}'
 
 
-def event_key(event_index: int, step_index: int, kind: str, tool_call_id: str | None) -> str:
-    """An event's idempotency key: the run's `event_index`-th event, at `step_index`."""
-    return f'{event_index}:{step_index}:{kind}:{tool_call_id or ""}'
-
-
-def step_event(*, event_index: int, **fields: Any) -> StepEvent:
-    """An event stamped now, keyed by `event_key`."""
-    key = event_key(event_index, fields['step_index'], fields['kind'], fields['tool_call_id'])
-    return StepEvent(**fields, idempotency_key=key)
-
-
 def event_record(
     note: EventNote,
     run_id: str,
@@ -409,7 +393,7 @@ def event_record(
     agent_name: str | None,
     metadata: dict[str, str],
 ) -> StepEvent:
-    """The event of the run that `note` describes."""
+    """The event of the run that `note` describes, keyed `{event_index}:{step_index}:{kind}:{tool_call_id or ''}`."""
     return StepEvent(
         run_id=run_id,
         kind=note.kind,
@@ -422,7 +406,7 @@ def event_record(
         tool_name=note.tool_name,
         error=note.error,
         metadata=dict(metadata),
-        idempotency_key=event_key(note.event_index, note.step_index, note.kind, note.tool_call_id),
+        idempotency_key=f'{note.event_index}:{note.step_index}:{note.kind}:{note.tool_call_id or ""}',
         tool_args=note.tool_args,
     )
 
