@@ -98,6 +98,30 @@ def test_a_replaced_old_message_is_found_even_outside_the_tail() -> None:
     assert commit_all(tracker, 'r', rewritten) == [0]
 
 
+def test_an_equal_copy_of_an_old_message_is_not_a_candidate() -> None:
+    """A history processor that rebuilds the list with equal copies costs a check of the newest
+    positions only (by content: see `MessageLog.prepare`); a copy that differs is found, however
+    old its position."""
+    tracker: HistoryTracker[int] = HistoryTracker()
+    messages = history(10 * TAIL)
+    commit_all(tracker, 'r', messages)
+    copied = copy.deepcopy(messages)
+    assert commit_all(tracker, 'r', copied) == list(range(9 * TAIL, 10 * TAIL))
+    changed = [*copied[:2], ModelRequest(parts=[UserPromptPart('edited')]), *copied[3:]]
+    assert 2 in commit_all(tracker, 'r', changed)
+
+
+def test_an_old_message_whose_copy_cannot_be_compared_is_a_candidate() -> None:
+    """Comparing equal copies asks their tool results, whose `__eq__` may raise: the history then
+    counts as rewritten, and every position that is not the same object is a candidate."""
+    tracker: HistoryTracker[int] = HistoryTracker()
+    answer = ModelRequest(parts=[ToolReturnPart('t', _Ambiguous(), tool_call_id='c')])
+    messages: list[ModelMessage] = [answer, *history(2 * TAIL)]
+    commit_all(tracker, 'r', messages)
+    copied = [copy.deepcopy(answer), *messages[1:]]
+    assert commit_all(tracker, 'r', copied) == [0]
+
+
 def test_a_shorter_history_keeps_what_it_shares() -> None:
     tracker: HistoryTracker[int] = HistoryTracker()
     messages = history(30)
