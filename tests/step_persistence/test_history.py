@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -120,6 +121,28 @@ def test_an_old_message_whose_copy_cannot_be_compared_is_a_candidate() -> None:
     commit_all(tracker, 'r', messages)
     copied = [copy.deepcopy(answer), *messages[1:]]
     assert commit_all(tracker, 'r', copied) == [0]
+
+
+def _holds_a_dict_of_its_own(value: object) -> bool:
+    return dict in map(type, gc.get_referents(value))
+
+
+def test_the_tracker_reads_messages_without_giving_them_a_dict() -> None:
+    """Asked for its `__dict__` (`vars()`), a CPython object trades the attribute values it keeps
+    inline for a dict of its own, and pydantic-ai's reads of every message at every step slow down."""
+    probe = TextPart('probe')
+    vars(probe)
+    if not _holds_a_dict_of_its_own(probe):
+        pytest.skip('this Python keeps attribute values inline after vars()')
+    tracker: HistoryTracker[int] = HistoryTracker()
+    messages = history(2 * TAIL)
+    commit_all(tracker, 'r', messages)
+    stamp_target = messages[-2]
+    assert isinstance(stamp_target, ModelRequest)
+    stamp_target.instructions = 'stamped later'
+    commit_all(tracker, 'r', [*messages, ModelResponse(parts=[TextPart('next')])])
+    touched = [value for message in messages for value in (message, *message.parts)]
+    assert not any(map(_holds_a_dict_of_its_own, touched))
 
 
 def test_a_shorter_history_keeps_what_it_shares() -> None:

@@ -40,9 +40,9 @@ import dataclasses
 import hashlib
 import operator
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 import pydantic
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
@@ -116,8 +116,43 @@ def part_values(message: ModelMessage) -> list[object]:
     """References to everything the framework reassigns on a message's parts."""
     values: list[object] = []
     for part in message.parts:
-        values += vars(part).values()
+        values += field_values(part)
     return values
+
+
+_READERS: dict[type, Callable[[Any], tuple[object, ...]]] = {}
+
+
+def field_values(value: object) -> tuple[object, ...]:
+    """References to the values of an object's dataclass fields (what serializes), read by name.
+
+    Not `vars()`: asked for its `__dict__`, a CPython object trades the attribute values it keeps
+    inline for a dict of its own, and every later attribute read of it takes the slow path. The
+    history tracker looks at every message once, and pydantic-ai reads every message of the
+    history at every step.
+    """
+    cls = type(value)
+    read = _READERS.get(cls)
+    if read is None:
+        read = _READERS[cls] = _reader(cls)
+    try:
+        return read(value)
+    except AttributeError:  # a field never assigned
+        return _attributes(value)
+
+
+def _reader(cls: type) -> Callable[[Any], tuple[object, ...]]:
+    names = [field.name for field in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    if names:
+        (name,) = names
+        return lambda value: (getattr(value, name),)
+    return _attributes
+
+
+def _attributes(value: object) -> tuple[object, ...]:
+    return tuple(vars(value).values())
 
 
 def messages_from_json(texts: Iterable[str]) -> list[ModelMessage]:
@@ -141,7 +176,7 @@ def stored_digest(text: str) -> bytes:
 
 def _shape(message: ModelMessage) -> list[object]:
     """References to everything the framework reassigns on a message or its parts."""
-    return [*vars(message).values(), *part_values(message)]
+    return [*field_values(message), *part_values(message)]
 
 
 def _same(left: list[object], right: list[object]) -> bool:
