@@ -99,28 +99,24 @@ def test_a_replaced_old_message_is_found_even_outside_the_tail() -> None:
     assert commit_all(tracker, 'r', rewritten) == [0]
 
 
-def test_an_equal_copy_of_an_old_message_is_not_a_candidate() -> None:
-    """A history processor that rebuilds the list with equal copies costs a check of the newest
-    positions only (by content: see `MessageLog.prepare`); a copy that differs is found, however
-    old its position."""
-    tracker: HistoryTracker[int] = HistoryTracker()
-    messages = history(10 * TAIL)
-    commit_all(tracker, 'r', messages)
-    copied = copy.deepcopy(messages)
-    assert commit_all(tracker, 'r', copied) == list(range(9 * TAIL, 10 * TAIL))
-    changed = [*copied[:2], ModelRequest(parts=[UserPromptPart('edited')]), *copied[3:]]
-    assert 2 in commit_all(tracker, 'r', changed)
+def test_an_old_message_replaced_by_an_equal_copy_that_spells_differently_is_written() -> None:
+    """`{'page': 1} == {'page': True}`, yet they serialize differently: the settled positions are
+    compared by identity, never by `==`, so the copy is a candidate and its text is stored."""
+    call = ModelResponse(parts=[ToolCallPart('fetch', {'page': 1}, tool_call_id='c')])
+    equal = ModelResponse(parts=[ToolCallPart('fetch', {'page': True}, tool_call_id='c')], timestamp=call.timestamp)
+    assert equal == call
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')]), call, *history(2 * TAIL)]
 
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(None, 1 << 20)
+        await log.save(snapshot_of(messages), store.write)
+        written = len(store.log)
+        await log.save(snapshot_of([messages[0], equal, *messages[2:]], 1), store.write)
+        assert [(entry.position, json.loads(entry.text)['parts'][0]['args']) for entry in store.log[written:]] == [
+            (1, {'page': True})
+        ]
 
-def test_an_old_message_whose_copy_cannot_be_compared_is_a_candidate() -> None:
-    """Comparing equal copies asks their tool results, whose `__eq__` may raise: the history then
-    counts as rewritten, and every position that is not the same object is a candidate."""
-    tracker: HistoryTracker[int] = HistoryTracker()
-    answer = ModelRequest(parts=[ToolReturnPart('t', _Ambiguous(), tool_call_id='c')])
-    messages: list[ModelMessage] = [answer, *history(2 * TAIL)]
-    commit_all(tracker, 'r', messages)
-    copied = [copy.deepcopy(answer), *messages[1:]]
-    assert commit_all(tracker, 'r', copied) == [0]
+    asyncio.run(main())
 
 
 def _holds_a_dict_of_its_own(value: object) -> bool:

@@ -19,9 +19,8 @@ remembers, per position, the object it saw and references to that object's attri
 pydantic-ai does not do; anything else is a *candidate*, re-serialized and compared by content.
 Holding references (not `id()`s) keeps the compared objects alive, so an address can never be
 reused by a new value and fool the comparison. Only the newest positions are compared value by
-value (`TAIL`); the settled rest as a list, in one C-level pass (identical objects, or equal
-copies). Cost per boundary: that pass, a few pointer comparisons, and serializing the candidates
-only.
+value (`TAIL`); the settled rest by object identity, in one C-level pass. Cost per boundary:
+that pass, a few pointer comparisons, and serializing the candidates only.
 
 A changed version of a message is usually a stamped copy of the previous one, differing in a few
 top-level fields. So a log entry's text is either a full message JSON or a *patch*: the new
@@ -38,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import operator
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -184,28 +184,15 @@ def _same(left: list[object], right: list[object]) -> bool:
     return len(left) == len(right) and all(map(operator.is_, left, right))
 
 
-def _same_messages(head: list[ModelMessage], seen: list[ModelMessage]) -> bool:
-    """Whether the settled messages are the ones last written: compared as lists, in C.
-
-    Identical items (the rule) compare without calling `__eq__`, at a fraction of an identity
-    check per item through `map`. A message replaced by an equal copy (a history processor that
-    rebuilt the list) counts as unchanged: its content is what the store holds. One whose `__eq__`
-    raises (a tool result's array, of ambiguous truth value) counts as changed.
-    """
-    try:
-        return head == seen
-    except Exception:
-        return False
-
-
 TAIL = 8
 """How many of the newest positions of the last write are re-checked value by value.
 
 pydantic-ai stamps a request only while it is the newest one or next to it (the pending
 tool-return request of the last boundary, stamped when it is sent). Older positions are
-compared as a list, in C, at a few nanoseconds a message. A history processor that rewrites
-older messages builds new objects (as pydantic-ai's own do) and is seen; one that assigned
-into an old message's fields in place would not be, so don't.
+compared by object identity alone, in C, so a boundary costs the same however long the
+history is. A history processor that rewrites older messages builds new objects (as
+pydantic-ai's own do) and is seen; one that assigned into an old message's fields in place
+would not be, so don't.
 """
 
 StoredT = TypeVar('StoredT')
@@ -321,7 +308,7 @@ class HistoryTracker(Generic[StoredT]):
         seen = previous.messages
         overlap = min(len(current), len(seen))
         settled = max(0, len(seen) - TAIL) if overlap == len(seen) else 0
-        if settled and not _same_messages(current[:settled], seen[:settled]):
+        if settled and not all(map(operator.is_, itertools.islice(seen, settled), current)):
             settled = 0  # the history was rewritten: check every position
         shapes: dict[int, list[object]] = {}
         for position in range(settled, len(current)):
