@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import uuid
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -56,10 +57,14 @@ def media_blobs(root: Path) -> int:
 
 
 async def run_agent(store: StepStore, prompt: Any) -> str:
-    """Run an agent persisting to `store`; return the persisted run id."""
-    agent = Agent(scripted('seen'), capabilities=[StepPersistence(store=store, run_id=f'viewer-{id(prompt)}')])
+    """Run an agent persisting to `store` under a fresh run id; return that id.
+
+    Not `id(prompt)`: a prompt list freed after one run can give the next one the same address.
+    """
+    run_id = f'viewer-{uuid.uuid4().hex[:12]}'
+    agent = Agent(scripted('seen'), capabilities=[StepPersistence(store=store, run_id=run_id)])
     await agent.run(prompt)
-    return f'viewer-{id(prompt)}'
+    return run_id
 
 
 @pytest.mark.parametrize('kind', STORES)
