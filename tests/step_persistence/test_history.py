@@ -1034,8 +1034,35 @@ def test_the_end_of_a_requests_parts_is_not_read_off_members_of_other_names(monk
     request = ModelRequest(parts=[UserPromptPart('hello')], instructions='be brief')
     text, split = request_to_json(request)
     assert text[split:].startswith(',"timestamp":')
+    measured: list[object] = []
+    dump_json = history_module._REQUESTS.dump_json  # pyright: ignore[reportPrivateUsage]
+
+    def counting_dump_json(value: Any, **kwargs: Any) -> bytes:
+        if kwargs.get('include') is not None:
+            measured.append(value)
+        return dump_json(value, **kwargs)
+
+    monkeypatch.setattr(history_module._REQUESTS, 'dump_json', counting_dump_json)  # pyright: ignore[reportPrivateUsage]
+    monkeypatch.setattr(history_module, '_SCALARS_BUT_METADATA', False)
     monkeypatch.setattr(history_module, '_TAIL_KEYS', ('"instructions":', '"kind":'))
     assert request_to_json(request) == (text, split)
+    assert len(measured) == 1  # the parts were serialized alone to find their end
+
+
+def test_a_request_without_metadata_has_its_parts_end_read_off_the_match() -> None:
+    """With only scalars after the parts, the last `,"timestamp":` is where they end, whatever the
+    parts or the instructions spell."""
+    spoof = ',"timestamp":"2020-01-01T00:00:00Z","instructions":null}'
+    request = ModelRequest(
+        parts=[
+            UserPromptPart(spoof),
+            ToolReturnPart('tool', {'timestamp': spoof, 'x': [{'timestamp': 1}]}, tool_call_id='c'),
+        ],
+        instructions=spoof,
+    )
+    text, split = request_to_json(request)
+    assert text == message_to_json(request)
+    assert json.loads(text[:split] + '}') == {'parts': json.loads(text)['parts']}
 
 
 @settings(max_examples=150, deadline=None)

@@ -110,6 +110,8 @@ class BinaryOffload:
         moved = 0
         for index, part in enumerate(message.parts):
             content = getattr(part, 'content', None)
+            if not _may_hold_binaries(content):
+                continue
             replaced, size = await self._offload_content(content, placeholders)
             if replaced is not content:
                 moved += size
@@ -129,7 +131,7 @@ class BinaryOffload:
             return replaced, len(content.data) if replaced is not content else 0
         if not isinstance(content, list | tuple):
             return content, 0
-        items = cast(Sequence[object], content)
+        items = cast('Sequence[object]', content)
         large = [item for item in items if isinstance(item, BinaryContent) and len(item.data) >= self.threshold_bytes]
         if not large:
             return items, 0
@@ -151,6 +153,11 @@ class BinaryOffload:
         stand_in.data = placeholder
         placeholders[base64.urlsafe_b64encode(placeholder).decode()] = uri
         return stand_in
+
+
+def _may_hold_binaries(content: object) -> bool:
+    """Whether a part's content is, or lists, what `BinaryOffload` moves out (most parts hold text)."""
+    return isinstance(content, BinaryContent | list | tuple)
 
 
 class RememberedPuts:

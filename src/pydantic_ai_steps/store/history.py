@@ -93,6 +93,11 @@ def request_tail(request: ModelRequest) -> str | None:
 _TAIL_KEYS = tuple(f'"{field.name}":' for field in dataclasses.fields(ModelRequest) if field.name != 'parts')
 """How the members after a request's `parts` start, in the order pydantic serializes them."""
 _TAIL_START = ',' + _TAIL_KEYS[0]
+_SCALAR_TAIL = frozenset({'timestamp', 'instructions', 'kind', 'run_id', 'conversation_id', 'state'})
+"""Fields after a request's parts whose values serialize as JSON scalars (strings, `null`)."""
+_SCALARS_BUT_METADATA = {key[1:-2] for key in _TAIL_KEYS} - {'metadata'} <= _SCALAR_TAIL
+"""Whether every field after the parts but `metadata` is a scalar: a field added to `ModelRequest`
+later turns the checked path of `request_to_json` back on until it is known here."""
 
 
 def request_to_json(request: ModelRequest) -> tuple[str, int]:
@@ -100,12 +105,14 @@ def request_to_json(request: ModelRequest) -> tuple[str, int]:
     version of the request can reuse the parts' text without scanning it for its end (`PatchBase.split`).
 
     The fields after the parts are scalars as a rule: they are found from the end, where the last
-    `,"timestamp":` starts members with exactly the request's field names (no value of theirs can
-    spell that unescaped). A request with an object among them (`metadata`) has its parts
-    serialized a second time, alone, to measure them.
+    `,"timestamp":` starts them (no scalar value can spell that unescaped). With an object among
+    them (`metadata`), the members found must be exactly the request's field names, or the parts
+    are serialized a second time, alone, to measure them.
     """
     text = _REQUESTS.dump_json([request])[1:-1].decode()
     split = text.rfind(_TAIL_START)
+    if split > 0 and request.metadata is None and _SCALARS_BUT_METADATA:
+        return text, split
     members = scalar_members(text[split:]) if split > 0 else None
     if members is not None and len(members) == len(_TAIL_KEYS) and all(map(str.startswith, members, _TAIL_KEYS)):
         return text, split
@@ -175,8 +182,11 @@ def stored_digest(text: str) -> bytes:
 
 
 def _shape(message: ModelMessage) -> list[object]:
-    """References to everything the framework reassigns on a message or its parts."""
-    return [*field_values(message), *part_values(message)]
+    """References to everything the framework reassigns on a message or its parts (`part_values`, inlined)."""
+    values = list(field_values(message))
+    for part in message.parts:
+        values += field_values(part)
+    return values
 
 
 def _same(left: list[object], right: list[object]) -> bool:
@@ -349,7 +359,7 @@ class HistoryTracker(Generic[StoredT]):
         else:
             self._weight -= run.weight
         count = len(delta.messages)
-        values = cast(list[StoredT | None], run.stored)
+        values = cast('list[StoredT | None]', run.stored)
         if len(values) > count:
             run.weight -= sum(run.weights[count:])
             del run.shapes[count:], values[count:], run.weights[count:]
