@@ -2,6 +2,7 @@
 
     uv run python bench/instructions.py                          # ours, minus the empty capability
     uv run python bench/instructions.py --without snapshot events sql prepare
+    PEERS_OA_PYTHON=/tmp/venv-oa/bin/python uv run python bench/instructions.py --peers
 
 Timings inside running agents move by 10-20% between runs on a shared machine; an instruction
 count does not move at all (`PYTHONHASHSEED=0`, the same workload), so it ranks a change of a few
@@ -14,6 +15,14 @@ and the steps is what one step costs, start-up and imports left out. The empty c
 (`inside_hooks.EmptyHooks`: pydantic-ai's dispatch of our hooks) is counted the same way and taken
 off. `--without PART` counts ours again with one part taken away (`PARTS`), so the difference is
 what that part costs per step, its SQL included. Needs valgrind on the PATH.
+
+`--peers` counts, the same way, pydantic-ai alone (no capability), the floor inside the agent
+(`inside_hooks.FloorHooks`: the transactions a run of ours issued, replayed on a raw connection at
+ours' write points, and each cycle's new messages serialized) and, given the interpreter of a
+virtualenv with `openai-agents`, that SDK alone and with its `SQLiteSession` at `synchronous=NORMAL`
+(`bench/peers/oa_bench.py --count`). No fsync happens at `NORMAL`, so the count leaves out nothing
+the two sides differ in but cache misses: the comparison `bench/peers.py` makes in time, without the
+noise of whole runs.
 """
 
 from __future__ import annotations
@@ -24,17 +33,21 @@ import importlib
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inside_hooks import EmptyHooks
+from inside_hooks import EmptyHooks, FloorHooks, FloorState
+from peers import capture
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import SqliteStepStore
+from sqlite_floor import Statement, make_template, raw_connection
 from steps import UNLIMITED, make_agent  # the benchmark agent, from this directory
 
 # --- parts that can be taken away (in the child) -----------------------------------------------
@@ -120,37 +133,71 @@ PARTS: dict[str, Callable[[], None]] = {
 async def child(mode: str, runs: int, steps: int) -> None:
     with tempfile.TemporaryDirectory(prefix='instructions-') as scratch:
         store = SqliteStepStore(database=Path(scratch) / 'steps.db')
+        floor = await FloorRuns.captured(Path(scratch), {3, steps}) if mode == 'floor' else None
 
-        def capabilities() -> list[Any]:
-            return [EmptyHooks()] if mode == 'empty' else [StepPersistence(store=store, agent_name='bench')]
+        def capabilities(steps_of_run: int) -> list[Any]:
+            if mode == 'plain':
+                return []
+            if mode == 'empty':
+                return [EmptyHooks()]
+            if floor is not None:
+                return floor.hooks(steps_of_run)
+            return [StepPersistence(store=store, agent_name='bench')]
 
-        await make_agent(3, capabilities()).run('go', usage_limits=UNLIMITED)  # warm-up
+        await make_agent(3, capabilities(3)).run('go', usage_limits=UNLIMITED)  # warm-up
         for _ in range(runs):
-            await make_agent(steps, capabilities()).run('go', usage_limits=UNLIMITED)
+            await make_agent(steps, capabilities(steps)).run('go', usage_limits=UNLIMITED)
         await store.aclose()
+        if floor is not None:
+            floor.close()
+
+
+@dataclass
+class FloorRuns:
+    """The floor inside the agent (`inside_hooks.FloorHooks`): the transactions a run of ours issued,
+    replayed on a raw connection at ours' write points, and the cycle's new messages serialized."""
+
+    scratch: Path
+    template: Path
+    captured: dict[int, list[list[Statement]]]
+    connections: list[sqlite3.Connection] = field(default_factory=list[sqlite3.Connection])
+
+    @classmethod
+    async def captured(cls, scratch: Path, step_counts: set[int]) -> FloorRuns:
+        template = await make_template(scratch)
+        return cls(scratch, template, {steps: (await capture(scratch, template, steps))[0] for steps in step_counts})
+
+    def hooks(self, steps: int) -> list[Any]:
+        directory = self.scratch / f'floor-{len(self.connections)}'
+        directory.mkdir()
+        shutil.copyfile(self.template, directory / 'steps.db')
+        self.connections.append(raw_connection(directory / 'steps.db', durable=False))
+        return [FloorHooks(floor=FloorState(self.connections[-1], self.captured[steps]))]
+
+    def close(self) -> None:
+        for connection in self.connections:
+            connection.close()
 
 
 # --- the parent: counts and differences -------------------------------------------------------
 
 
-def count(mode: str, runs: int, steps: int) -> int:
-    command = [
-        'valgrind',
-        '--tool=cachegrind',
-        '--cache-sim=no',
-        '--cachegrind-out-file=/dev/null',
-        sys.executable,
-        str(Path(__file__).resolve()),
-        '--child',
-        mode,
-        str(runs),
-        str(steps),
-    ]
+def count(mode: str, runs: int, steps: int, oa_python: str | None = None) -> int:
+    """Instructions of one child process: ours (this script), or a peer's (`oa-KIND`: `oa_bench.py --count`)."""
+    if mode.startswith('oa-'):
+        assert oa_python is not None
+        program = [oa_python, str(OA_BENCH), '--count', mode.removeprefix('oa-'), str(runs), str(steps)]
+    else:
+        program = [sys.executable, str(Path(__file__).resolve()), '--child', mode, str(runs), str(steps)]
+    command = ['valgrind', '--tool=cachegrind', '--cache-sim=no', '--cachegrind-out-file=/dev/null', *program]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, 'PYTHONHASHSEED': '0'})
     found = re.search(r'I\s+refs:\s+([\d,]+)', done.stderr)
     if done.returncode != 0 or found is None:
         raise SystemExit(f'{mode}: valgrind failed ({done.returncode}):\n{done.stderr[-2000:]}')
     return int(found.group(1).replace(',', ''))
+
+
+OA_BENCH = Path(__file__).resolve().parent / 'peers' / 'oa_bench.py'
 
 
 def per_step(counts: dict[tuple[str, int], int], mode: str, steps: int) -> float:
@@ -161,6 +208,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or '').splitlines()[0])
     parser.add_argument('--steps', type=int, default=40, help='steps per counted run (default 40)')
     parser.add_argument('--without', nargs='*', default=[], choices=sorted(PARTS), help='parts to take away')
+    parser.add_argument(
+        '--peers', action='store_true', help='also count pydantic-ai alone, the floor, and the OpenAI Agents session'
+    )
+    parser.add_argument(
+        '--oa-python',
+        default=os.environ.get('PEERS_OA_PYTHON'),
+        help='the interpreter of a virtualenv with openai-agents (default: $PEERS_OA_PYTHON)',
+    )
     parser.add_argument('--jobs', type=int, default=2, help='valgrind processes at once (default 2)')
     parser.add_argument('--child', nargs=3, metavar=('MODE', 'RUNS', 'STEPS'), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -174,10 +229,14 @@ def main() -> None:
         raise SystemExit('valgrind is not on the PATH: this benchmark counts instructions with cachegrind')
     parts: list[str] = args.without
     steps: int = args.steps
-    jobs = [(mode, runs) for mode in ('empty', 'ours', *(f'without-{part}' for part in parts)) for runs in (1, 3)]
+    oa_python: str | None = args.oa_python if args.peers and args.oa_python and Path(args.oa_python).exists() else None
+    modes = ['empty', 'ours', *(f'without-{part}' for part in parts)]
+    if args.peers:
+        modes += ['plain', 'floor', *(['oa-none', 'oa-sqlite-normal'] if oa_python else [])]
+    jobs = [(mode, runs) for mode in modes for runs in (1, 3)]
 
     def counted(job: tuple[str, int]) -> int:
-        return count(*job, steps)
+        return count(*job, steps, oa_python)
 
     with ThreadPoolExecutor(args.jobs) as pool:
         found = list(pool.map(counted, jobs))
@@ -190,6 +249,28 @@ def main() -> None:
         without = per_step(counts, f'without-{part}', steps) - empty
         share = (ours - without) / ours
         print(f'  without {part:<14} {without / 1e6:7.3f} M   ({part}: {(ours - without) / 1e6:.3f} M, {share:.0%})')
+    if args.peers:
+        report_peers(counts, steps, empty, oa_python is not None)
+
+
+def report_peers(counts: dict[tuple[str, int], int], steps: int, empty: float, with_oa: bool) -> None:
+    """Ours against the floor inside the agent and the OpenAI Agents session, `NORMAL` (no fsync to leave out)."""
+    plain = per_step(counts, 'plain', steps)
+    ours = per_step(counts, 'ours', steps)
+    floor = per_step(counts, 'floor', steps) - empty
+    print(f'\nAgainst the floor and the peers, instructions a step (pydantic-ai alone: {plain / 1e6:.3f} M):')
+    print(f'  ours minus pydantic-ai alone (its dispatch of our hooks included)   {(ours - plain) / 1e6:7.3f} M')
+    print(f'  ours minus the empty capability                                     {(ours - empty) / 1e6:7.3f} M')
+    print(f'  the floor inside the agent, minus the empty capability              {floor / 1e6:7.3f} M')
+    print(f'  ours / the floor inside the agent                                   {(ours - empty) / floor:7.2f}x')
+    if not with_oa:
+        print('  the OpenAI Agents session: no interpreter given (--oa-python or PEERS_OA_PYTHON): skipped')
+        return
+    alone = per_step(counts, 'oa-none', steps)
+    session = per_step(counts, 'oa-sqlite-normal', steps) - alone
+    print(f'  OpenAI Agents alone                                                 {alone / 1e6:7.3f} M')
+    print(f'  its SQLiteSession (synchronous=NORMAL) minus the SDK alone           {session / 1e6:7.3f} M')
+    print(f'  ours minus pydantic-ai alone / the session                          {(ours - plain) / session:7.2f}x')
 
 
 if __name__ == '__main__':

@@ -11,6 +11,7 @@ WAL, `synchronous=FULL`, one commit per item batch), `sqlite-normal` (the same w
 
     python oa_bench.py --steps 100 --reps 3          # standalone: one JSON object
     python oa_bench.py --serve                       # for bench/peers.py: JSON lines in, JSON lines out
+    python oa_bench.py --count sqlite-normal 3 40    # for bench/instructions.py: runs only, no output
 
 In `--serve` mode each input line is `{"kind": ..., "steps": N}` and the answer is one line with the
 run's wall time `t` (seconds) and what it stored. `OA_SYNC_NORMAL=1` makes `sqlite` mean
@@ -164,6 +165,28 @@ async def one_run(kind: str, steps: int) -> dict[str, Any]:
     return out
 
 
+async def counted(kind: str, runs: int, steps: int) -> None:
+    """A warm-up run, then `runs` runs of `steps` with nothing around them: what `bench/instructions.py`
+    counts under valgrind (its difference of two counts leaves the process's start-up out)."""
+    global _sync_normal
+    for steps_of_run in (3, *[steps] * runs):
+        agent = Agent(name='bench', instructions='', model=ScriptedModel(steps_of_run), tools=[fetch])
+        root = Path(tempfile.mkdtemp(prefix='oabench-'))
+        try:
+            session = None
+            if kind in ('sqlite', 'sqlite-normal'):
+                _sync_normal = kind == 'sqlite-normal'
+                session = SQLiteSession('c-long', db_path=str(root / 'sess.db'))
+            elif kind != 'none':
+                raise SystemExit(f'unknown kind {kind!r}')
+            result = await Runner.run(agent, 'go', max_turns=steps_of_run + 10, session=session)
+            assert result.final_output == 'done', result.final_output
+            if session is not None:
+                session.close()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 async def serve() -> None:
     await one_run('none', 5)  # warm-up: imports, first compile
     await one_run('sqlite', 5)
@@ -205,8 +228,12 @@ def main() -> None:
     ap.add_argument('--reps', type=int, default=3)
     ap.add_argument('--configs', default='none,sqlite')
     ap.add_argument('--serve', action='store_true')
+    ap.add_argument('--count', nargs=3, metavar=('KIND', 'RUNS', 'STEPS'))
     a = ap.parse_args()
-    if a.serve:
+    if a.count:
+        kind, runs, steps = a.count
+        asyncio.run(counted(kind, int(runs), int(steps)))
+    elif a.serve:
         asyncio.run(serve())
     else:
         asyncio.run(standalone(a.steps, a.reps, a.configs.split(',')))
