@@ -159,7 +159,8 @@ class FloorRuns:
 
     scratch: Path
     template: Path
-    captured: dict[int, list[list[Statement]]]
+    transactions: dict[int, list[list[Statement]]]
+    """Those of a run of ours, by its step count."""
     connections: list[sqlite3.Connection] = field(default_factory=list[sqlite3.Connection])
 
     @classmethod
@@ -172,7 +173,7 @@ class FloorRuns:
         directory.mkdir()
         shutil.copyfile(self.template, directory / 'steps.db')
         self.connections.append(raw_connection(directory / 'steps.db', durable=False))
-        return [FloorHooks(floor=FloorState(self.connections[-1], self.captured[steps]))]
+        return [FloorHooks(floor=FloorState(self.connections[-1], self.transactions[steps]))]
 
     def close(self) -> None:
         for connection in self.connections:
