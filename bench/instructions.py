@@ -20,9 +20,9 @@ what that part costs per step, its SQL included. Needs valgrind on the PATH.
 (`inside_hooks.FloorHooks`: the transactions a run of ours issued, replayed on a raw connection at
 ours' write points, and each cycle's new messages serialized) and, given the interpreter of a
 virtualenv with `openai-agents`, that SDK alone and with its `SQLiteSession` at `synchronous=NORMAL`
-(`bench/peers/oa_bench.py --count`). No fsync happens at `NORMAL`, so the count leaves out nothing
-the two sides differ in but cache misses: the comparison `bench/peers.py` makes in time, without the
-noise of whole runs.
+(`bench/peers/oa_bench.py --count`). No fsync happens at `NORMAL`; the count leaves out cache misses
+and the time of system calls, and moves by about 1% from one invocation to the next: the comparison
+`bench/peers.py` makes in time, without the noise of whole runs.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,28 +152,40 @@ async def child(mode: str, runs: int, steps: int) -> None:
             floor.close()
 
 
+COUNTED_RUNS = (1, 3)
+"""The runs of the two processes counted for each figure: their difference is what runs cost."""
+
+
 @dataclass
 class FloorRuns:
     """The floor inside the agent (`inside_hooks.FloorHooks`): the transactions a run of ours issued,
-    replayed on a raw connection at ours' write points, and the cycle's new messages serialized."""
+    replayed on a raw connection at ours' write points, and the cycle's new messages serialized.
 
-    scratch: Path
-    template: Path
+    Each run needs a database of its own (the replayed rows would clash), and a connection to it
+    is no part of the floor, as ours opens its store once: every process opens as many as the
+    longest counted one uses, before its first run, so they cancel out of the difference.
+    """
+
     transactions: dict[int, list[list[Statement]]]
     """Those of a run of ours, by its step count."""
-    connections: list[sqlite3.Connection] = field(default_factory=list[sqlite3.Connection])
+    connections: list[sqlite3.Connection]
+    used: int = 0
 
     @classmethod
     async def captured(cls, scratch: Path, step_counts: set[int]) -> FloorRuns:
         template = await make_template(scratch)
-        return cls(scratch, template, {steps: (await capture(scratch, template, steps))[0] for steps in step_counts})
+        transactions = {steps: (await capture(scratch, template, steps))[0] for steps in step_counts}
+        connections: list[sqlite3.Connection] = []
+        for run in range(1 + max(COUNTED_RUNS)):  # the warm-up and the runs
+            directory = scratch / f'floor-{run}'
+            directory.mkdir()
+            shutil.copyfile(template, directory / 'steps.db')
+            connections.append(raw_connection(directory / 'steps.db', durable=False))
+        return cls(transactions, connections)
 
     def hooks(self, steps: int) -> list[Any]:
-        directory = self.scratch / f'floor-{len(self.connections)}'
-        directory.mkdir()
-        shutil.copyfile(self.template, directory / 'steps.db')
-        self.connections.append(raw_connection(directory / 'steps.db', durable=False))
-        return [FloorHooks(floor=FloorState(self.connections[-1], self.transactions[steps]))]
+        self.used += 1
+        return [FloorHooks(floor=FloorState(self.connections[self.used - 1], self.transactions[steps]))]
 
     def close(self) -> None:
         for connection in self.connections:
@@ -202,7 +214,8 @@ OA_BENCH = Path(__file__).resolve().parent / 'peers' / 'oa_bench.py'
 
 
 def per_step(counts: dict[tuple[str, int], int], mode: str, steps: int) -> float:
-    return (counts[mode, 3] - counts[mode, 1]) / 2 / steps
+    fewer, more = COUNTED_RUNS
+    return (counts[mode, more] - counts[mode, fewer]) / (more - fewer) / steps
 
 
 def main() -> None:
@@ -230,11 +243,13 @@ def main() -> None:
         raise SystemExit('valgrind is not on the PATH: this benchmark counts instructions with cachegrind')
     parts: list[str] = args.without
     steps: int = args.steps
-    oa_python: str | None = args.oa_python if args.peers and args.oa_python and Path(args.oa_python).exists() else None
+    oa_python: str | None = args.oa_python if args.peers else None
+    if oa_python is not None and not Path(oa_python).is_file():
+        raise SystemExit(f'--oa-python {oa_python!r} is not a file: give the python of a virtualenv with openai-agents')
     modes = ['empty', 'ours', *(f'without-{part}' for part in parts)]
     if args.peers:
         modes += ['plain', 'floor', *(['oa-none', 'oa-sqlite-normal'] if oa_python else [])]
-    jobs = [(mode, runs) for mode in modes for runs in (1, 3)]
+    jobs = [(mode, runs) for mode in modes for runs in COUNTED_RUNS]
 
     def counted(job: tuple[str, int]) -> int:
         return count(*job, steps, oa_python)
@@ -260,6 +275,7 @@ def report_peers(counts: dict[tuple[str, int], int], steps: int, empty: float, w
     ours = per_step(counts, 'ours', steps)
     floor = per_step(counts, 'floor', steps) - empty
     print(f'\nAgainst the floor and the peers, instructions a step (pydantic-ai alone: {plain / 1e6:.3f} M):')
+    print(f'  the empty capability minus pydantic-ai alone (dispatch)             {(empty - plain) / 1e6:7.3f} M')
     print(f'  ours minus pydantic-ai alone (its dispatch of our hooks included)   {(ours - plain) / 1e6:7.3f} M')
     print(f'  ours minus the empty capability                                     {(ours - empty) / 1e6:7.3f} M')
     print(f'  the floor inside the agent, minus the empty capability              {floor / 1e6:7.3f} M')

@@ -165,26 +165,38 @@ async def one_run(kind: str, steps: int) -> dict[str, Any]:
     return out
 
 
+COUNTED_RUNS_AT_MOST = 3
+"""The most runs `bench/instructions.py` counts in one process."""
+
+
 async def counted(kind: str, runs: int, steps: int) -> None:
-    """A warm-up run, then `runs` runs of `steps` with nothing around them: what `bench/instructions.py`
-    counts under valgrind (its difference of two counts leaves the process's start-up out)."""
+    """A warm-up run, then `runs` runs of `steps`: what `bench/instructions.py` counts under valgrind
+    (its difference of two counts leaves the process's start-up out).
+
+    Each run is a conversation of its own, with a session of its own, made before the first run: as
+    many in every counting process, so their making cancels out of the difference, as ours opens its
+    store once. What a session does while a run uses it (its connections, its writes) is counted.
+    """
     global _sync_normal
-    for steps_of_run in (3, *[steps] * runs):
-        agent = Agent(name='bench', instructions='', model=ScriptedModel(steps_of_run), tools=[fetch])
-        root = Path(tempfile.mkdtemp(prefix='oabench-'))
-        try:
-            session = None
-            if kind in ('sqlite', 'sqlite-normal'):
-                _sync_normal = kind == 'sqlite-normal'
-                session = SQLiteSession('c-long', db_path=str(root / 'sess.db'))
-            elif kind != 'none':
-                raise SystemExit(f'unknown kind {kind!r}')
+    _sync_normal = kind == 'sqlite-normal'
+    if kind not in ('none', 'sqlite', 'sqlite-normal'):
+        raise SystemExit(f'unknown kind {kind!r}')
+    root = Path(tempfile.mkdtemp(prefix='oabench-'))
+    try:
+        sessions = (
+            [SQLiteSession(f'c-{run}', db_path=str(root / f'sess-{run}.db')) for run in range(1 + COUNTED_RUNS_AT_MOST)]
+            if kind != 'none'
+            else []
+        )
+        for run, steps_of_run in enumerate((3, *[steps] * runs)):
+            agent = Agent(name='bench', instructions='', model=ScriptedModel(steps_of_run), tools=[fetch])
+            session = sessions[run] if sessions else None
             result = await Runner.run(agent, 'go', max_turns=steps_of_run + 10, session=session)
             assert result.final_output == 'done', result.final_output
-            if session is not None:
-                session.close()
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+        for session in sessions:
+            session.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def serve() -> None:
