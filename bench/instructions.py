@@ -199,7 +199,8 @@ def count(mode: str, runs: int, steps: int, oa_python: str | None = None) -> int
     """Instructions of one child process: ours (this script), or a peer's (`oa-KIND`: `oa_bench.py --count`)."""
     if mode.startswith('oa-'):
         assert oa_python is not None
-        program = [oa_python, str(OA_BENCH), '--count', mode.removeprefix('oa-'), str(runs), str(steps)]
+        kind = mode.removeprefix('oa-')
+        program = [oa_python, str(OA_BENCH), '--count', kind, str(runs), str(steps), str(max(COUNTED_RUNS))]
     else:
         program = [sys.executable, str(Path(__file__).resolve()), '--child', mode, str(runs), str(steps)]
     command = ['valgrind', '--tool=cachegrind', '--cache-sim=no', '--cachegrind-out-file=/dev/null', *program]

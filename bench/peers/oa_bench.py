@@ -11,7 +11,7 @@ WAL, `synchronous=FULL`, one commit per item batch), `sqlite-normal` (the same w
 
     python oa_bench.py --steps 100 --reps 3          # standalone: one JSON object
     python oa_bench.py --serve                       # for bench/peers.py: JSON lines in, JSON lines out
-    python oa_bench.py --count sqlite-normal 3 40    # for bench/instructions.py: runs only, no output
+    python oa_bench.py --count sqlite-normal 3 40 3  # for bench/instructions.py: runs only, no output
 
 In `--serve` mode each input line is `{"kind": ..., "steps": N}` and the answer is one line with the
 run's wall time `t` (seconds) and what it stored. `OA_SYNC_NORMAL=1` makes `sqlite` mean
@@ -165,17 +165,14 @@ async def one_run(kind: str, steps: int) -> dict[str, Any]:
     return out
 
 
-COUNTED_RUNS_AT_MOST = 3
-"""The most runs `bench/instructions.py` counts in one process."""
-
-
-async def counted(kind: str, runs: int, steps: int) -> None:
+async def counted(kind: str, runs: int, steps: int, runs_at_most: int) -> None:
     """A warm-up run, then `runs` runs of `steps`: what `bench/instructions.py` counts under valgrind
     (its difference of two counts leaves the process's start-up out).
 
     Each run is a conversation of its own, with a session of its own, made before the first run: as
-    many in every counting process, so their making cancels out of the difference, as ours opens its
-    store once. What a session does while a run uses it (its connections, its writes) is counted.
+    many in every counting process (for the most runs one counts, `runs_at_most`), so their making
+    cancels out of the difference, as ours opens its store once. What a session does while a run
+    uses it (its connections, its writes) is counted.
     """
     global _sync_normal
     _sync_normal = kind == 'sqlite-normal'
@@ -184,7 +181,7 @@ async def counted(kind: str, runs: int, steps: int) -> None:
     root = Path(tempfile.mkdtemp(prefix='oabench-'))
     try:
         sessions = (
-            [SQLiteSession(f'c-{run}', db_path=str(root / f'sess-{run}.db')) for run in range(1 + COUNTED_RUNS_AT_MOST)]
+            [SQLiteSession(f'c-{run}', db_path=str(root / f'sess-{run}.db')) for run in range(1 + runs_at_most)]
             if kind != 'none'
             else []
         )
@@ -240,11 +237,11 @@ def main() -> None:
     ap.add_argument('--reps', type=int, default=3)
     ap.add_argument('--configs', default='none,sqlite')
     ap.add_argument('--serve', action='store_true')
-    ap.add_argument('--count', nargs=3, metavar=('KIND', 'RUNS', 'STEPS'))
+    ap.add_argument('--count', nargs=4, metavar=('KIND', 'RUNS', 'STEPS', 'RUNS_AT_MOST'))
     a = ap.parse_args()
     if a.count:
-        kind, runs, steps = a.count
-        asyncio.run(counted(kind, int(runs), int(steps)))
+        kind, runs, steps, runs_at_most = a.count
+        asyncio.run(counted(kind, int(runs), int(steps), int(runs_at_most)))
     elif a.serve:
         asyncio.run(serve())
     else:
