@@ -46,6 +46,14 @@ _INSERT_SNAPSHOT = (
     f'INSERT INTO snapshots ({", ".join(_SNAPSHOT_COLUMNS)}) VALUES ({", ".join("?" * len(_SNAPSHOT_COLUMNS))})'
 )
 
+_PROBE_SNAPSHOT = (
+    'SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1), '
+    'EXISTS (SELECT 1 FROM snapshot_idempotency_keys WHERE run_id = ?1 AND idempotency_key = ?2), '
+    '(SELECT COALESCE(MAX(log_index) + 1, 0) FROM messages WHERE run_id = ?1)'
+)
+"""What a snapshot write needs to know first, in one statement: whether its run is stored, whether
+its idempotency key was written already, and where the run's message log ends."""
+
 
 class _Stale(Exception):
     """Raised inside the commit's transaction to roll it back: the run's log grew elsewhere."""
@@ -71,9 +79,11 @@ class SqliteBackend(SqliteConnection):
                         if 'runs.run_id' not in str(error):
                             raise
                         raise RunAlreadyExistsError(batch.run['run_id']) from None
+                probed = batch.snapshot.run_id if batch.snapshot is not None else None  # checked with its log
                 for run_id in batch.run_ids:
                     if (
                         run_id != registered
+                        and run_id != probed
                         and conn.execute('SELECT 1 FROM runs WHERE run_id = ?', (run_id,)).fetchone() is None
                     ):
                         raise RunNotFoundError(run_id)
@@ -97,16 +107,11 @@ class SqliteBackend(SqliteConnection):
         write = batch.snapshot
         assert write is not None
         run_id, key = write.run_id, write.key
-        if (
-            key is not None
-            and conn.execute(
-                'SELECT 1 FROM snapshot_idempotency_keys WHERE run_id = ? AND idempotency_key = ?', (run_id, key)
-            ).fetchone()
-        ):
+        known, seen, end = conn.execute(_PROBE_SNAPSHOT, (run_id, key)).fetchone()
+        if not known:
+            raise RunNotFoundError(run_id)
+        if seen:
             return SUPPRESSED
-        (end,) = conn.execute(
-            'SELECT COALESCE(MAX(log_index) + 1, 0) FROM messages WHERE run_id = ?', (run_id,)
-        ).fetchone()
         if write.expected_log_size is not None and write.expected_log_size != end:
             raise _Stale
         if write.appends:
