@@ -268,6 +268,57 @@ async def test_reads_the_upstream_deduplicated_layout(tmp_path: Path) -> None:
     store.close()
 
 
+def indexes(database: Path, table: str) -> set[str]:
+    rows = query(
+        database, "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL", table
+    )
+    return {str(name) for (name,) in rows}
+
+
+async def test_version_2_database_keeps_its_rows_with_fewer_indexes(tmp_path: Path) -> None:
+    """Version 3 writes one index of `events` (its keys, NULL keys included) and one of `snapshots`."""
+    database = tmp_path / 'v2.db'
+    store = SqliteStepStore(database=database, media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
+    for index in range(12):  # keys that sort apart from the order the events were written in
+        await store.append_event(
+            StepEvent(run_id='r', kind='model_request_started', step_index=index, idempotency_key=str(index))
+        )
+    await store.append_event(StepEvent(run_id='r', kind='model_request_completed', step_index=12))
+    await store.save_snapshot(snap('r', history(1), 1, state='interrupted'))
+    await store.save_snapshot(snap('r', history(2), 2))
+    store.close()
+    with sqlite3.connect(database) as conn:  # the indexes version 2 had, and its version
+        conn.execute('DROP INDEX idx_events_run_keys')
+        conn.execute('CREATE INDEX idx_events_run_seq ON events(run_id, seq)')
+        conn.execute(
+            'CREATE UNIQUE INDEX idx_events_run_key ON events(run_id, idempotency_key) '
+            'WHERE idempotency_key IS NOT NULL'
+        )
+        conn.execute('CREATE INDEX idx_snapshots_run_state_seq ON snapshots(run_id, state, seq)')
+        conn.execute('DELETE FROM schema_version WHERE version = 3')
+    reopened = SqliteStepStore(database=database, media_store=None)
+    await reopened.append_event(StepEvent(run_id='r', kind='model_request_started', step_index=0, idempotency_key='0'))
+    await reopened.append_event(StepEvent(run_id='r', kind='run_completed', step_index=13, idempotency_key='13'))
+    assert indexes(database, 'events') == {'idx_events_run_keys'}
+    assert indexes(database, 'snapshots') == {'idx_snapshots_run_seq'}
+    assert query(database, 'SELECT MAX(version) FROM schema_version') == [(3,)]
+    events = await reopened.list_events(run_id='r')
+    assert [event.step_index for event in events] == list(range(14))  # in the order written; the replay dropped
+    latest = await reopened.latest_snapshot(run_id='r')
+    assert latest is not None and latest.step_index == 2 and dump(latest.messages) == dump(history(2))
+    newest = await reopened.latest_snapshot(run_id='r', include_interrupted=True)
+    assert newest is not None and newest.step_index == 2
+    reopened.close()
+    # A run's events and snapshots are read through an index, not by scanning the table.
+    for statement in (
+        'SELECT * FROM events WHERE run_id = ? ORDER BY seq',
+        "SELECT * FROM snapshots WHERE run_id = ? AND state = 'complete' ORDER BY seq DESC LIMIT 1",
+    ):
+        plan = ' '.join(str(row[-1]) for row in query(database, f'EXPLAIN QUERY PLAN {statement}', 'r'))
+        assert 'USING' in plan and 'INDEX' in plan, plan
+
+
 async def test_refuses_a_database_from_a_newer_release(tmp_path: Path) -> None:
     database = tmp_path / 'new.db'
     with sqlite3.connect(database) as conn:

@@ -1,11 +1,12 @@
 """The SQLite step store's tables, its migrations, and reading a database that was not migrated.
 
-Version 2 is the layout this release writes. A database is migrated by the first *write* that
+Version 3 is the layout this release writes. A database is migrated by the first *write* that
 reaches it, never by a read, so inspecting a database another program owns (the upstream
 package's, say) changes nothing in it. Until then, reads use the columns the database has
 (`Columns`), reading a missing one as NULL.
 
-What migrating adds is additive: new tables, new columns, new indexes. It leaves in place what
+What migrating adds is additive: new tables, new columns, new indexes; the one thing it removes
+is indexes of this package's own that version 3 no longer keeps. It leaves in place what
 the upstream package relies on (its tables, its triggers, its key table
 `snapshot_idempotency_keys`, which this layout uses too), so an upstream process can keep
 writing the same file. What upstream cannot read afterwards: the snapshots this package writes
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from ...._errors import SchemaVersionError
 from ...codec import RUN_FIELDS
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 RUN_COLUMNS = (*RUN_FIELDS, 'status', 'ended_at')
 _CREATE_TABLES = (
@@ -95,12 +96,14 @@ _CREATE_INDEXES = (
     'CREATE INDEX IF NOT EXISTS idx_runs_pydantic_ai ON runs(pydantic_ai_run_id) WHERE pydantic_ai_run_id IS NOT NULL',
     'CREATE INDEX IF NOT EXISTS idx_runs_status_started ON runs(status, started_at)',
     'CREATE INDEX IF NOT EXISTS idx_runs_status_ended ON runs(status, ended_at)',
-    'CREATE INDEX IF NOT EXISTS idx_events_run_seq ON events(run_id, seq)',
-    'CREATE UNIQUE INDEX IF NOT EXISTS idx_events_run_key ON events(run_id, idempotency_key) '
-    'WHERE idempotency_key IS NOT NULL',
+    # One index per table a step writes to, besides its key: every index is one more page each
+    # write transaction changes. A run's events are found by this one (SQLite takes NULL keys as
+    # distinct) and put in `seq` order after; a run's complete snapshots by walking its newest first.
+    'CREATE UNIQUE INDEX IF NOT EXISTS idx_events_run_keys ON events(run_id, idempotency_key)',
     'CREATE INDEX IF NOT EXISTS idx_snapshots_run_seq ON snapshots(run_id, seq)',
-    'CREATE INDEX IF NOT EXISTS idx_snapshots_run_state_seq ON snapshots(run_id, state, seq)',
 )
+_DROPPED_INDEXES = ('idx_events_run_seq', 'idx_events_run_key', 'idx_snapshots_run_state_seq')
+"""This package's indexes of version 2 that version 3 does without."""
 TABLES = ('runs', 'events', 'snapshots', 'tool_effects', 'messages', 'snapshot_idempotency_keys')
 
 
@@ -161,7 +164,15 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
     )
 
 
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_to_1, 2: _migrate_to_2}
+def _migrate_to_3(conn: sqlite3.Connection) -> None:
+    """Fewer indexes to write: one of `events` (its key, no longer partial) and one of `snapshots`."""
+    for statement in _CREATE_INDEXES:
+        conn.execute(statement)
+    for index in _DROPPED_INDEXES:
+        conn.execute(f'DROP INDEX IF EXISTS {index}')
+
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3}
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:
