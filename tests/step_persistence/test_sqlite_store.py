@@ -287,6 +287,12 @@ async def test_version_2_database_keeps_its_rows_with_fewer_indexes(tmp_path: Pa
     await store.append_event(StepEvent(run_id='r', kind='model_request_completed', step_index=12))
     await store.save_snapshot(snap('r', history(1), 1, state='interrupted'))
     await store.save_snapshot(snap('r', history(2), 2))
+    # A run's events keep their order when the newest events of another run are deleted and their
+    # numbers come back: events are numbered by rowid, which no insert reads from `sqlite_sequence`.
+    await store.register_run(RunRecord(run_id='gone'))
+    await store.append_event(StepEvent(run_id='gone', kind='run_started', step_index=0))
+    assert await store.delete_run(run_id='gone')
+    assert query(database, 'SELECT name FROM sqlite_sequence') == [('snapshots',)]
     store.close()
     with sqlite3.connect(database) as conn:  # the indexes version 2 had, and its version
         conn.execute('DROP INDEX idx_events_run_keys')

@@ -30,8 +30,11 @@ _CREATE_TABLES = (
     'run_id TEXT PRIMARY KEY, conversation_id TEXT, parent_run_id TEXT, agent_name TEXT, '
     'metadata TEXT NOT NULL, started_at TEXT NOT NULL, registration_id TEXT, pydantic_ai_run_id TEXT, '
     'run_metadata TEXT, parent_tool_call_id TEXT, continued_from TEXT, forked_from TEXT, status TEXT, ended_at TEXT)',
+    # `seq` is the rowid, without AUTOINCREMENT (databases created before version 3 keep it): that
+    # would read and rewrite `sqlite_sequence` on every insert. A run's `seq`s still grow, as a new
+    # rowid is above every stored one; only the numbers of the newest events deleted come back.
     'CREATE TABLE IF NOT EXISTS events ('
-    'seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, kind TEXT NOT NULL, '
+    'seq INTEGER PRIMARY KEY, run_id TEXT NOT NULL, kind TEXT NOT NULL, '
     'step_index INTEGER NOT NULL, timestamp TEXT NOT NULL, conversation_id TEXT, parent_run_id TEXT, '
     'agent_name TEXT, tool_call_id TEXT, tool_name TEXT, error TEXT, metadata TEXT NOT NULL, '
     'idempotency_key TEXT, tool_args TEXT)',
