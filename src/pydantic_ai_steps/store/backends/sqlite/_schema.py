@@ -159,11 +159,12 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
             'SELECT run_id, idempotency_key FROM snapshot_keys'
         )
         conn.execute('DROP TABLE snapshot_keys')
-    # Rows of runs that ended before status existed: read the closing event once.
+    # Rows of runs that ended before status existed: read the closing event once (`+seq`: on the
+    # run's index, as in `fetch_events`).
     conn.execute(
         "UPDATE runs SET (status, ended_at) = (SELECT CASE kind WHEN 'run_completed' THEN 'completed' "
         "ELSE 'failed' END, timestamp FROM events e WHERE e.run_id = runs.run_id "
-        "AND kind IN ('run_completed', 'run_failed') ORDER BY seq DESC LIMIT 1) WHERE status IS NULL"
+        "AND kind IN ('run_completed', 'run_failed') ORDER BY +seq DESC LIMIT 1) WHERE status IS NULL"
     )
 
 
