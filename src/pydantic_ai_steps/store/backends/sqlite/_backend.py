@@ -215,9 +215,8 @@ class SqliteBackend(SqliteConnection):
             columns = self._view(conn)
             if not columns.has('events'):
                 return []
-            # `+seq`: ordering by an expression keeps SQLite on the run's index (then a sort of the
-            # run's events). With statistics (`ANALYZE`) showing few runs, it would otherwise walk
-            # the whole table in `seq` order to save the sort.
+            # `+seq` keeps SQLite on the run's index, then sorts: with `ANALYZE` statistics showing
+            # few runs, ordering by `seq` itself has it walk the whole table to spare that sort.
             statement = f'SELECT {columns.select("events", EVENT_FIELDS)} FROM events WHERE run_id = ? ORDER BY +seq'
             return [dict(zip(EVENT_FIELDS, found, strict=True)) for found in conn.execute(statement, (run_id,))]
 
