@@ -343,6 +343,67 @@ async def test_version_2_database_keeps_its_rows_with_fewer_indexes(tmp_path: Pa
     connection.close()
 
 
+UPSTREAM_INDEXES = """
+ALTER TABLE events ADD COLUMN idempotency_key TEXT;
+CREATE INDEX idx_events_run ON events(run_id, seq);
+CREATE INDEX idx_snapshots_run ON snapshots(run_id, seq);
+CREATE UNIQUE INDEX idx_events_idempotency ON events(run_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
+"""
+"""The indexes the upstream package creates on the tables a step writes to."""
+
+
+@pytest.mark.parametrize(
+    ('keys', 'created'),
+    [
+        ('', set[str]()),  # the upstream package's own: the event insert names its partial key
+        (  # a unique index no `ON CONFLICT` target can name (its collation differs): ours is needed
+            'DROP INDEX idx_events_idempotency; '
+            'CREATE UNIQUE INDEX idx_events_keys_nocase ON events(run_id, idempotency_key COLLATE NOCASE);',
+            {'idx_events_run_keys'},
+        ),
+    ],
+)
+async def test_upstream_database_writes_through_its_own_indexes(tmp_path: Path, keys: str, created: set[str]) -> None:
+    """A database the upstream package created keeps its indexes (an upstream process writes through
+    them), and gets none of ours beside those that already do their work."""
+    database = tmp_path / 'upstream.db'
+    with sqlite3.connect(database) as conn:
+        conn.executescript(OLD_SCHEMA + UPSTREAM_INDEXES + keys)
+    upstream = indexes(database, 'events') | indexes(database, 'snapshots')
+    store = SqliteStepStore(database=database, media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
+    for index in range(6):
+        await store.append_event(
+            StepEvent(run_id='r', kind='model_request_started', step_index=index, idempotency_key=str(5 - index))
+        )
+    await store.append_event(StepEvent(run_id='r', kind='model_request_started', step_index=9, idempotency_key='2'))
+    await store.append_event(StepEvent(run_id='r', kind='model_request_completed', step_index=6))
+    await store.append_event(StepEvent(run_id='r', kind='model_request_completed', step_index=7))
+    await store.save_snapshot(snap('r', history(1), 1))
+    await store.save_snapshot(snap('r', history(2), 2, state='interrupted'))
+    assert indexes(database, 'events') | indexes(database, 'snapshots') == upstream | created
+    events = await store.list_events(run_id='r')
+    assert [event.step_index for event in events] == list(range(8))  # the replayed key dropped, unkeyed ones kept
+    latest = await store.latest_snapshot(run_id='r')
+    assert latest is not None and latest.step_index == 1 and dump(latest.messages) == dump(history(1))
+    store.close()
+    statements: list[str] = []
+    connection = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
+    connection.set_trace_callback(statements.append)
+    traced = SqliteStepStore(connection=connection, media_store=None)
+    assert len(await traced.list_events(run_id='r')) == 8
+    assert await traced.latest_snapshot(run_id='r', include_interrupted=True) is not None
+    reads = [
+        text for text in statements if text.startswith('SELECT') and ('FROM events' in text or 'FROM snapshots' in text)
+    ]
+    assert len(reads) >= 2
+    for text in reads:
+        plan = [str(row[-1]) for row in connection.execute(f'EXPLAIN QUERY PLAN {text}')]
+        assert plan[0].startswith('SEARCH') and '(run_id=?' in plan[0], (text, plan)
+    traced.close()
+    connection.close()
+
+
 async def test_refuses_a_database_from_a_newer_release(tmp_path: Path) -> None:
     database = tmp_path / 'new.db'
     with sqlite3.connect(database) as conn:

@@ -4,7 +4,8 @@ Tables (SPEC section 4, plus what message-once storage and migrations need; see 
 
 - `runs` (`run_id` primary key), indexed for every `list_runs` filter and order;
 - `events` (`seq` the rowid: AUTOINCREMENT in databases created before version 3), unique on
-  `(run_id, idempotency_key)`, its one index;
+  `(run_id, idempotency_key)`, its one index (a database the upstream package created keeps that
+  package's two instead, which do the same work);
 - `snapshots` (`seq` AUTOINCREMENT, `state`, `message_count`, `log_size`): a row names its history
   by two numbers; `messages` (`run_id`, `log_index`, `position`, `message`) is the run's message
   log, written once per message version. Rows of older layouts (the history inline, or the

@@ -19,7 +19,7 @@ from .._offload import run_blocking
 from .._sql import SQLITE, order_and_limit, run_filters
 from ._connection import SqliteConnection
 from ._legacy import legacy_texts
-from ._schema import RUN_COLUMNS
+from ._schema import ON_KEY_CONFLICT, RUN_COLUMNS
 
 _MEMORY = ':memory:'
 _STEP_STORE_RUN_COLUMNS = frozenset({'run_id', 'started_at'})
@@ -27,8 +27,7 @@ _STEP_STORE_RUN_COLUMNS = frozenset({'run_id', 'started_at'})
 _CHUNK = 500
 
 _INSERT_EVENT = (
-    f'INSERT INTO events ({", ".join(EVENT_FIELDS)}) VALUES ({", ".join("?" * len(EVENT_FIELDS))}) '
-    'ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING'
+    f'INSERT INTO events ({", ".join(EVENT_FIELDS)}) VALUES ({", ".join("?" * len(EVENT_FIELDS))}) {ON_KEY_CONFLICT}'
 )
 _UPSERT_EFFECT = (
     f'INSERT INTO tool_effects ({", ".join(EFFECT_FIELDS)}) VALUES ({", ".join("?" * len(EFFECT_FIELDS))}) '

@@ -99,12 +99,17 @@ _CREATE_INDEXES = (
     'CREATE INDEX IF NOT EXISTS idx_runs_pydantic_ai ON runs(pydantic_ai_run_id) WHERE pydantic_ai_run_id IS NOT NULL',
     'CREATE INDEX IF NOT EXISTS idx_runs_status_started ON runs(status, started_at)',
     'CREATE INDEX IF NOT EXISTS idx_runs_status_ended ON runs(status, ended_at)',
-    # One index per table a step writes to, besides its key: every index is one more page each
-    # write transaction changes. A run's events are found by this one (SQLite takes NULL keys as
-    # distinct) and put in `seq` order after; a run's complete snapshots by walking its newest first.
-    'CREATE UNIQUE INDEX IF NOT EXISTS idx_events_run_keys ON events(run_id, idempotency_key)',
-    'CREATE INDEX IF NOT EXISTS idx_snapshots_run_seq ON snapshots(run_id, seq)',
 )
+# One index per table a step writes to, besides its key: every index is one more page each write
+# transaction changes. A run's events are found by this one (SQLite takes NULL keys as distinct)
+# and put in `seq` order after; a run's complete snapshots by walking its newest first.
+_EVENTS_INDEX = 'CREATE UNIQUE INDEX IF NOT EXISTS idx_events_run_keys ON events(run_id, idempotency_key)'
+_SNAPSHOTS_INDEX = 'CREATE INDEX IF NOT EXISTS idx_snapshots_run_seq ON snapshots(run_id, seq)'
+ON_KEY_CONFLICT = 'ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING'
+"""How an event insert skips a key already stored: a target that names our unique index and the
+upstream package's partial one alike."""
+_KEYED = 'idempotency_key is not null'
+"""The condition of the upstream package's partial unique key of events, as `_Index.where` spells it."""
 _DROPPED_INDEXES = ('idx_events_run_seq', 'idx_events_run_key', 'idx_snapshots_run_state_seq')
 """This package's indexes of version 2 that version 3 does without."""
 TABLES = ('runs', 'events', 'snapshots', 'tool_effects', 'messages', 'snapshot_idempotency_keys')
@@ -153,6 +158,7 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
             conn.execute(f'ALTER TABLE {table} ADD COLUMN {column} {declaration}')
     for statement in _CREATE_INDEXES:
         conn.execute(statement)
+    _create_step_indexes(conn)
     if 'snapshot_keys' in _tables(conn):
         conn.execute(
             'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) '
@@ -174,6 +180,53 @@ def _migrate_to_3(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
     for index in _DROPPED_INDEXES:
         conn.execute(f'DROP INDEX IF EXISTS {index}')
+    _create_step_indexes(conn)
+
+
+def _create_step_indexes(conn: sqlite3.Connection) -> None:
+    """The index of `events` and the one of `snapshots`, each unless indexes the database has do its work.
+
+    A database the upstream package created has its own: `(run_id, seq)` of both tables and the
+    events' partial unique key, which it writes through and so keeps. Ours beside them would be
+    one more index each event and snapshot row updates, doing what theirs already do.
+    """
+    events = _indexes(conn, 'events')
+    keyed = any(
+        index.unique and index.columns == ('run_id', 'idempotency_key') and index.where in (None, _KEYED)
+        for index in events
+    )
+    by_run = any(index.columns[:1] == ('run_id',) and index.where is None for index in events)
+    if not (keyed and by_run):
+        conn.execute(_EVENTS_INDEX)
+    if not any(index.columns == ('run_id', 'seq') and index.where is None for index in _indexes(conn, 'snapshots')):
+        conn.execute(_SNAPSHOTS_INDEX)
+
+
+@dataclass(frozen=True)
+class _Index:
+    columns: tuple[str | None, ...]
+    """Its columns in order (`None` for an expression, or for a column compared other than byte by
+    byte: an `ON CONFLICT` target names only an index of the columns' own collation)."""
+    unique: bool
+    where: str | None
+    """A partial index's condition, lower case with single spaces; `None` for a whole-table one."""
+
+
+def _indexes(conn: sqlite3.Connection, table: str) -> list[_Index]:
+    found: list[_Index] = []
+    for _, name, unique, _, partial in conn.execute(f'PRAGMA index_list({table})').fetchall():
+        quoted = str(name).replace('"', '""')
+        columns = tuple(
+            name if collation == 'BINARY' else None
+            for _, _, name, _, collation, key in conn.execute(f'PRAGMA index_xinfo("{quoted}")')
+            if key
+        )
+        where = None
+        if partial:
+            (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)).fetchone()
+            where = ' '.join(str(sql).lower().split()).rpartition(' where ')[2]
+        found.append(_Index(columns, bool(unique), where))
+    return found
 
 
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3}
