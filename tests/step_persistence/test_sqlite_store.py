@@ -352,24 +352,72 @@ CREATE UNIQUE INDEX idx_events_idempotency ON events(run_id, idempotency_key) WH
 """The indexes the upstream package creates on the tables a step writes to."""
 
 
+UPSTREAM = {'idx_events_run', 'idx_events_idempotency', 'idx_snapshots_run'}
+
+
 @pytest.mark.parametrize(
-    ('keys', 'created'),
+    ('changes', 'expected'),
     [
-        ('', set[str]()),  # the upstream package's own: the event insert names its partial key
-        (  # a unique index no `ON CONFLICT` target can name (its collation differs): ours is needed
+        ('', UPSTREAM),  # the upstream package's own: the event insert names its partial key
+        (  # a unique key compared case-blind does not hold our keys unique
             'DROP INDEX idx_events_idempotency; '
-            'CREATE UNIQUE INDEX idx_events_keys_nocase ON events(run_id, idempotency_key COLLATE NOCASE);',
-            {'idx_events_run_keys'},
+            'CREATE UNIQUE INDEX events_keys_nocase ON events(run_id, idempotency_key COLLATE NOCASE);',
+            {'idx_events_run', 'events_keys_nocase', 'idx_snapshots_run', 'idx_events_run_keys'},
+        ),
+        (  # a partial key no ON CONFLICT target can name, whatever its text says in a comment
+            'DROP INDEX idx_events_idempotency; '
+            "CREATE UNIQUE INDEX events_started_keys ON events(run_id, idempotency_key) WHERE kind = 'run_started' "
+            '-- where idempotency_key is not null\n;',
+            {'idx_events_run', 'events_started_keys', 'idx_snapshots_run', 'idx_events_run_keys'},
+        ),
+        (  # an index of some snapshots only does not find a run's
+            'DROP INDEX idx_snapshots_run; CREATE INDEX snapshots_later ON snapshots(run_id, seq) WHERE step_index > 0',
+            {'idx_events_run', 'idx_events_idempotency', 'snapshots_later', 'idx_snapshots_run_seq'},
+        ),
+        (  # the key alone does not find a run's events (it leaves unkeyed ones out)
+            'DROP INDEX idx_events_run; DROP INDEX idx_snapshots_run;',
+            {'idx_events_idempotency', 'idx_events_run_keys', 'idx_snapshots_run_seq'},
         ),
     ],
 )
-async def test_upstream_database_writes_through_its_own_indexes(tmp_path: Path, keys: str, created: set[str]) -> None:
+async def test_upstream_database_writes_through_its_own_indexes(
+    tmp_path: Path, changes: str, expected: set[str]
+) -> None:
     """A database the upstream package created keeps its indexes (an upstream process writes through
-    them), and gets none of ours beside those that already do their work."""
+    them), and gets ours only where its own do not do their work."""
     database = tmp_path / 'upstream.db'
     with sqlite3.connect(database) as conn:
-        conn.executescript(OLD_SCHEMA + UPSTREAM_INDEXES + keys)
-    upstream = indexes(database, 'events') | indexes(database, 'snapshots')
+        conn.executescript(OLD_SCHEMA + UPSTREAM_INDEXES + changes)
+    await _write_and_read_through_an_index(database, expected)
+
+
+async def test_upstream_database_migrated_to_version_2_loses_our_indexes_beside_its_own(tmp_path: Path) -> None:
+    """An upstream database an earlier release of ours brought to version 2 (with that version's
+    indexes) ends with the upstream package's three."""
+    database = tmp_path / 'upstream.db'
+    with sqlite3.connect(database) as conn:
+        conn.executescript(OLD_SCHEMA + UPSTREAM_INDEXES)
+    store = SqliteStepStore(database=database, media_store=None)
+    await store.register_run(RunRecord(run_id='first'))
+    store.close()
+    with sqlite3.connect(database) as conn:  # as version 2 left it
+        conn.executescript(
+            """
+            CREATE INDEX idx_events_run_seq ON events(run_id, seq);
+            CREATE UNIQUE INDEX idx_events_run_key ON events(run_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
+            CREATE INDEX idx_snapshots_run_state_seq ON snapshots(run_id, state, seq);
+            CREATE INDEX idx_snapshots_run_seq ON snapshots(run_id, seq);
+            CREATE UNIQUE INDEX idx_events_run_keys ON events(run_id, idempotency_key);
+            DELETE FROM schema_version WHERE version = 3;
+            """
+        )
+    await _write_and_read_through_an_index(database, UPSTREAM)
+
+
+async def _write_and_read_through_an_index(database: Path, expected: set[str]) -> None:
+    """Write a run through our store; the database then has the `expected` indexes on `events` and
+    `snapshots`, a replayed key is dropped and unkeyed events kept, and a run's reads search an
+    index, also once statistics exist."""
     store = SqliteStepStore(database=database, media_store=None)
     await store.register_run(RunRecord(run_id='r'))
     for index in range(6):
@@ -381,12 +429,19 @@ async def test_upstream_database_writes_through_its_own_indexes(tmp_path: Path, 
     await store.append_event(StepEvent(run_id='r', kind='model_request_completed', step_index=7))
     await store.save_snapshot(snap('r', history(1), 1))
     await store.save_snapshot(snap('r', history(2), 2, state='interrupted'))
-    assert indexes(database, 'events') | indexes(database, 'snapshots') == upstream | created
+    for other in ('a', 'b'):
+        await store.register_run(RunRecord(run_id=other))
+        for index in range(8):
+            await store.append_event(StepEvent(run_id=other, kind='model_request_started', step_index=index))
+    assert indexes(database, 'events') | indexes(database, 'snapshots') == expected
+    assert query(database, 'SELECT MAX(version) FROM schema_version') == [(3,)]
     events = await store.list_events(run_id='r')
     assert [event.step_index for event in events] == list(range(8))  # the replayed key dropped, unkeyed ones kept
     latest = await store.latest_snapshot(run_id='r')
     assert latest is not None and latest.step_index == 1 and dump(latest.messages) == dump(history(1))
     store.close()
+    with sqlite3.connect(database) as conn:
+        conn.execute('ANALYZE')
     statements: list[str] = []
     connection = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
     connection.set_trace_callback(statements.append)

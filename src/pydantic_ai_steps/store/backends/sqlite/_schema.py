@@ -103,13 +103,13 @@ _CREATE_INDEXES = (
 # One index per table a step writes to, besides its key: every index is one more page each write
 # transaction changes. A run's events are found by this one (SQLite takes NULL keys as distinct)
 # and put in `seq` order after; a run's complete snapshots by walking its newest first.
-_EVENTS_INDEX = 'CREATE UNIQUE INDEX IF NOT EXISTS idx_events_run_keys ON events(run_id, idempotency_key)'
-_SNAPSHOTS_INDEX = 'CREATE INDEX IF NOT EXISTS idx_snapshots_run_seq ON snapshots(run_id, seq)'
+_EVENTS_INDEX_NAME = 'idx_events_run_keys'
+_EVENTS_INDEX = f'CREATE UNIQUE INDEX IF NOT EXISTS {_EVENTS_INDEX_NAME} ON events(run_id, idempotency_key)'
+_SNAPSHOTS_INDEX_NAME = 'idx_snapshots_run_seq'
+_SNAPSHOTS_INDEX = f'CREATE INDEX IF NOT EXISTS {_SNAPSHOTS_INDEX_NAME} ON snapshots(run_id, seq)'
 ON_KEY_CONFLICT = 'ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING'
 """How an event insert skips a key already stored: a target that names our unique index and the
 upstream package's partial one alike."""
-_KEYED = 'idempotency_key is not null'
-"""The condition of the upstream package's partial unique key of events, as `_Index.where` spells it."""
 _DROPPED_INDEXES = ('idx_events_run_seq', 'idx_events_run_key', 'idx_snapshots_run_state_seq')
 """This package's indexes of version 2 that version 3 does without."""
 TABLES = ('runs', 'events', 'snapshots', 'tool_effects', 'messages', 'snapshot_idempotency_keys')
@@ -184,48 +184,59 @@ def _migrate_to_3(conn: sqlite3.Connection) -> None:
 
 
 def _create_step_indexes(conn: sqlite3.Connection) -> None:
-    """The index of `events` and the one of `snapshots`, each unless indexes the database has do its work.
+    """The index of `events` and the one of `snapshots`, each unless other indexes of the database do its work.
 
     A database the upstream package created has its own: `(run_id, seq)` of both tables and the
     events' partial unique key, which it writes through and so keeps. Ours beside them would be
-    one more index each event and snapshot row updates, doing what theirs already do.
+    one more index each event and snapshot row updates, doing what theirs already do: it is not
+    created, or dropped where an earlier migration created it.
     """
-    events = _indexes(conn, 'events')
-    keyed = any(
-        index.unique and index.columns == ('run_id', 'idempotency_key') and index.where in (None, _KEYED)
-        for index in events
+    events = [index for index in _indexes(conn, 'events') if index.name != _EVENTS_INDEX_NAME]
+    covered = any(index.unique and index.columns == ('run_id', 'idempotency_key') for index in events) and any(
+        index.columns[:1] == ('run_id',) and not index.partial for index in events
     )
-    by_run = any(index.columns[:1] == ('run_id',) and index.where is None for index in events)
-    if not (keyed and by_run):
+    if covered:
+        conn.execute(f'DROP INDEX IF EXISTS {_EVENTS_INDEX_NAME}')
+    if not (covered and _event_insert_compiles(conn)):
         conn.execute(_EVENTS_INDEX)
-    if not any(index.columns == ('run_id', 'seq') and index.where is None for index in _indexes(conn, 'snapshots')):
+    snapshots = [index for index in _indexes(conn, 'snapshots') if index.name != _SNAPSHOTS_INDEX_NAME]
+    if any(index.columns == ('run_id', 'seq') and not index.partial for index in snapshots):
+        conn.execute(f'DROP INDEX IF EXISTS {_SNAPSHOTS_INDEX_NAME}')
+    else:
         conn.execute(_SNAPSHOTS_INDEX)
+
+
+def _event_insert_compiles(conn: sqlite3.Connection) -> bool:
+    """Whether the event insert's `ON CONFLICT` target names a unique index of the database: SQLite
+    decides that (a partial index's condition included) when it compiles the statement."""
+    try:
+        conn.execute(f'EXPLAIN INSERT INTO events (run_id, idempotency_key) VALUES (NULL, NULL) {ON_KEY_CONFLICT}')
+    except sqlite3.OperationalError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
 class _Index:
+    name: str
     columns: tuple[str | None, ...]
-    """Its columns in order (`None` for an expression, or for a column compared other than byte by
-    byte: an `ON CONFLICT` target names only an index of the columns' own collation)."""
+    """Its key columns in order; `None` for an expression, or for a column compared other than byte
+    by byte (such an index neither serves a plain `=` on the column nor holds our keys unique)."""
     unique: bool
-    where: str | None
-    """A partial index's condition, lower case with single spaces; `None` for a whole-table one."""
+    partial: bool
 
 
 def _indexes(conn: sqlite3.Connection, table: str) -> list[_Index]:
+    """The indexes of `table`, as `_create_step_indexes` compares them."""
     found: list[_Index] = []
     for _, name, unique, _, partial in conn.execute(f'PRAGMA index_list({table})').fetchall():
         quoted = str(name).replace('"', '""')
         columns = tuple(
-            name if collation == 'BINARY' else None
-            for _, _, name, _, collation, key in conn.execute(f'PRAGMA index_xinfo("{quoted}")')
+            column if collation == 'BINARY' else None
+            for _, _, column, _, collation, key in conn.execute(f'PRAGMA index_xinfo("{quoted}")')
             if key
         )
-        where = None
-        if partial:
-            (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)).fetchone()
-            where = ' '.join(str(sql).lower().split()).rpartition(' where ')[2]
-        found.append(_Index(columns, bool(unique), where))
+        found.append(_Index(str(name), columns, bool(unique), bool(partial)))
     return found
 
 
