@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
 import threading
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
@@ -321,26 +323,38 @@ async def test_version_2_database_keeps_its_rows_with_fewer_indexes(tmp_path: Pa
     reopened.close()
     # The reads of a run's events and snapshots search an index, also once statistics show each run
     # holding a third of the rows (where walking the whole table in `seq` order would spare the sort).
+    async with reads_searching_an_index(database, least=3) as traced:
+        await traced.list_events(run_id='r')
+        latest = await traced.latest_snapshot(run_id='r')
+        assert latest is not None and latest.step_index == 2 and dump(latest.messages) == dump(history(2))
+        newest = await traced.latest_snapshot(run_id='r', include_interrupted=True)
+        assert newest is not None and newest.step_index == 2
+
+
+@contextlib.asynccontextmanager
+async def reads_searching_an_index(database: Path, *, least: int) -> AsyncGenerator[SqliteStepStore]:
+    """A store over `database` once `ANALYZE` has run: the block's reads of events and snapshots (at
+    least `least` of them) must each search an index by run."""
     with sqlite3.connect(database) as conn:
         conn.execute('ANALYZE')
     statements: list[str] = []
     connection = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
     connection.set_trace_callback(statements.append)
     traced = SqliteStepStore(connection=connection, media_store=None)
-    await traced.list_events(run_id='r')
-    latest = await traced.latest_snapshot(run_id='r')
-    assert latest is not None and latest.step_index == 2 and dump(latest.messages) == dump(history(2))
-    newest = await traced.latest_snapshot(run_id='r', include_interrupted=True)
-    assert newest is not None and newest.step_index == 2
-    reads = [
-        text for text in statements if text.startswith('SELECT') and ('FROM events' in text or 'FROM snapshots' in text)
-    ]
-    assert len(reads) >= 3
-    for text in reads:
-        plan = [str(row[-1]) for row in connection.execute(f'EXPLAIN QUERY PLAN {text}')]
-        assert plan[0].startswith('SEARCH') and '(run_id=?' in plan[0], (text, plan)
-    traced.close()
-    connection.close()
+    try:
+        yield traced
+        reads = [
+            text
+            for text in statements
+            if text.startswith('SELECT') and ('FROM events' in text or 'FROM snapshots' in text)
+        ]
+        assert len(reads) >= least
+        for text in reads:
+            plan = [str(row[-1]) for row in connection.execute(f'EXPLAIN QUERY PLAN {text}')]
+            assert plan[0].startswith('SEARCH') and '(run_id=?' in plan[0], (text, plan)
+    finally:
+        traced.close()
+        connection.close()
 
 
 UPSTREAM_INDEXES = """
@@ -440,23 +454,9 @@ async def _write_and_read_through_an_index(database: Path, expected: set[str]) -
     latest = await store.latest_snapshot(run_id='r')
     assert latest is not None and latest.step_index == 1 and dump(latest.messages) == dump(history(1))
     store.close()
-    with sqlite3.connect(database) as conn:
-        conn.execute('ANALYZE')
-    statements: list[str] = []
-    connection = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
-    connection.set_trace_callback(statements.append)
-    traced = SqliteStepStore(connection=connection, media_store=None)
-    assert len(await traced.list_events(run_id='r')) == 8
-    assert await traced.latest_snapshot(run_id='r', include_interrupted=True) is not None
-    reads = [
-        text for text in statements if text.startswith('SELECT') and ('FROM events' in text or 'FROM snapshots' in text)
-    ]
-    assert len(reads) >= 2
-    for text in reads:
-        plan = [str(row[-1]) for row in connection.execute(f'EXPLAIN QUERY PLAN {text}')]
-        assert plan[0].startswith('SEARCH') and '(run_id=?' in plan[0], (text, plan)
-    traced.close()
-    connection.close()
+    async with reads_searching_an_index(database, least=2) as traced:
+        assert len(await traced.list_events(run_id='r')) == 8
+        assert await traced.latest_snapshot(run_id='r', include_interrupted=True) is not None
 
 
 async def test_refuses_a_database_from_a_newer_release(tmp_path: Path) -> None:
