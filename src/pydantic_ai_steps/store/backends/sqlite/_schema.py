@@ -158,7 +158,7 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
             conn.execute(f'ALTER TABLE {table} ADD COLUMN {column} {declaration}')
     for statement in _CREATE_INDEXES:
         conn.execute(statement)
-    _create_step_indexes(conn)
+    _create_step_indexes(conn)  # before the closing events are looked up below, run by run
     if 'snapshot_keys' in _tables(conn):
         conn.execute(
             'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) '
