@@ -36,7 +36,10 @@ from pydantic_ai_steps.store.history import (
     HistoryTracker,
     LogEntry,
     MessageAdapter,
+    content_digest,
+    digest_after,
     message_to_json,
+    parts_hash,
     request_tail,
     request_to_json,
     resolve_history,
@@ -374,10 +377,18 @@ def test_a_text_that_is_not_compact_json_is_not_restamped(base: str, tail: str) 
 
 def test_a_stamped_request_is_not_serialized_again_when_its_parts_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """Serializing tool results is most of a boundary's cost: a stamped version spells its parts as
-    the base does, so only its other fields are serialized, and the text is the same byte for byte."""
+    the base does, so only its other fields are serialized, and the text is the same byte for byte.
+    Nor are its parts hashed again: its digest goes on from the base's parts."""
     import pydantic_ai_steps.store.message_log as message_log
 
     serialized: list[ModelMessage] = []
+    hashed: list[str] = []
+
+    def counting_hash(text: str, split: int) -> Any:
+        hashed.append(text[:split])
+        return parts_hash(text, split)
+
+    monkeypatch.setattr(message_log, 'parts_hash', counting_hash)
 
     def counting(message: ModelMessage) -> str:
         serialized.append(message)
@@ -407,6 +418,7 @@ def test_a_stamped_request_is_not_serialized_again_when_its_parts_are_the_same(m
         request.instructions = 'and again'
         await log.save(snapshot_of(messages), store.write)
         assert serialized == [request]
+        assert len(hashed) == 2 and 'y' * 2048 in hashed[1]
         for count, size, texts in store.snapshots:
             assert resolve_history(store.log, count, size) == texts
 
@@ -1024,6 +1036,9 @@ def test_a_restamped_request_is_the_adapters_bytes(
     assert result == restamp(0, before, tail)  # the same as finding the end of `parts` by scanning
     assert result[0] == message_to_json(message) == MessageAdapter.dump_json(message).decode()
     assert apply_patch(result[1], before) == result[0]
+    parts = parts_hash(before, split)
+    assert digest_after(parts, before, split) == content_digest(before)
+    assert digest_after(parts, result[0], split) == content_digest(result[0])  # the base's state is not used up
 
 
 def test_the_end_of_a_requests_parts_is_not_read_off_members_of_other_names(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,12 +42,15 @@ import operator
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import pydantic
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
 
 from .patch import apply_ops, is_patch, patch_ops, restamp, scalar_members
+
+if TYPE_CHECKING:
+    from _hashlib import HASH
 
 MessageAdapter: pydantic.TypeAdapter[ModelMessage] = pydantic.TypeAdapter(
     ModelMessage, config=pydantic.ConfigDict(ser_json_bytes='base64', val_json_bytes='base64')
@@ -175,6 +178,19 @@ def content_digest(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+def parts_hash(text: str, split: int) -> HASH:
+    """The hash state of `text[:split]`, a request's JSON up to the end of its `parts`."""
+    return hashlib.sha256(text[:split].encode())
+
+
+def digest_after(parts: HASH, text: str, split: int) -> bytes:
+    """`content_digest(text)` for a text that starts with the `parts` hashed in `parts`: the large
+    member (tool results) is hashed once however often its request is stamped."""
+    state = parts.copy()
+    state.update(text[split:].encode())
+    return state.digest()
+
+
 def stored_digest(text: str) -> bytes:
     """The digest of a message as stored, its payloads moved out (markers, literals), kept apart from
     `content_digest` of a message's own JSON: a message may spell what another version was stored as."""
@@ -219,6 +235,8 @@ class PatchBase:
     moved: bool = field(default=False, compare=False)
     """Whether `text` is the request's JSON with payloads moved to the media store (or caller values
     wrapped as literals): its parts spell markers, not the request's own values."""
+    parts_hash: HASH | None = field(default=None, compare=False)
+    """`text` up to `split` hashed, unless `moved`: a stamped version's `content_digest` hashes only its tail."""
 
     def restamped(self, request: ModelRequest) -> tuple[str, str, int] | None:
         """This text with `request`'s fields after the parts, a patch of this text spelling it, and

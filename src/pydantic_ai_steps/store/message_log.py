@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import pydantic_core
 from pydantic_ai.messages import ModelMessage, ModelRequest
@@ -32,14 +32,22 @@ from .history import (
     MessageAdapter,
     PatchBase,
     content_digest,
+    digest_after,
     message_to_json,
     messages_from_json,
     part_values,
+    parts_hash,
     request_to_json,
     stored_digest,
 )
 from .patch import is_patch, make_patch
 from .protocol import SnapshotDelta
+
+if TYPE_CHECKING:
+    from _hashlib import HASH
+
+_RequestBase = tuple[list[object], int | None, bool, 'HASH | None']
+"""What a full request text appended gives the base it becomes: `PatchBase.parts`, `split`, `moved`, `parts_hash`."""
 
 DEFAULT_MEDIA_THRESHOLD = 64 * 1024
 PATCH_RATIO = 2
@@ -63,11 +71,8 @@ class PreparedSnapshot:
     _weights: dict[int, int]
     _full: dict[int, int] = field(default_factory=dict[int, int])
     """Position -> offset in `appends` of the full texts written for the last `TAIL` positions."""
-    _parts: dict[int, tuple[list[object], int | None, bool]] = field(
-        default_factory=dict[int, tuple[list[object], int | None, bool]]
-    )
-    """Position -> `part_values` of those full texts that are a request's, where its parts end in the
-    text if known, and whether payloads moved out of it (`PatchBase.parts`, `split`, `moved`)."""
+    _parts: dict[int, _RequestBase] = field(default_factory=dict[int, _RequestBase])
+    """Position -> the `PatchBase` fields of those full texts that are a request's."""
 
 
 class MessageLog:
@@ -106,7 +111,7 @@ class MessageLog:
         digests: dict[int, bytes] = {}
         weights: dict[int, int] = {}
         full: dict[int, int] = {}
-        parts: dict[int, tuple[list[object], int | None, bool]] = {}
+        parts: dict[int, _RequestBase] = {}
         tail = len(delta.messages) - TAIL
         for position in delta.candidates:
             original = message = delta.messages[position]
@@ -130,7 +135,15 @@ class MessageLog:
                 raise _lone_surrogate(snapshot.run_id, position) from None
             moved = restamped is not None and base is not None and base.moved
             spelled = part_values(original) if position >= tail and type(original) is ModelRequest else None
-            digest = stored_digest(text) if moved else content_digest(text)
+            hashed = None
+            if moved:
+                digest = stored_digest(text)
+            elif split is None:
+                digest = content_digest(text)
+            else:  # a newest request: its parts are hashed once, for every stamped version of it
+                hashed = base.parts_hash if restamped is not None and base is not None else None
+                hashed = hashed if hashed is not None else parts_hash(text, split)
+                digest = digest_after(hashed, text, split)
             digests[position] = digest
             weights[position] = delta.weight_at(position) if moved else len(text) + offloaded
             if delta.stored_at(position) == digest:
@@ -155,7 +168,7 @@ class MessageLog:
             if position >= tail:
                 full[position] = len(appends)
                 if spelled is not None:
-                    parts[position] = (spelled, split, moved) if stored is text else (spelled, None, True)
+                    parts[position] = (spelled, split, moved, hashed) if stored is text else (spelled, None, True, None)
             appends.append((position, stored))
         known = delta.previous.log_size if delta.previous is not None else None
         return PreparedSnapshot(snapshot, appends, len(delta.messages), known, delta, digests, weights, full, parts)
@@ -190,7 +203,7 @@ class MessageLog:
         """
         first = log_size - len(prepared.appends)
         requests = prepared._parts  # pyright: ignore[reportPrivateUsage]
-        unknown = (None, None, False)
+        unknown = (None, None, False, None)
         bases = {
             position: PatchBase(first + offset, prepared.appends[offset][1], *requests.get(position, unknown))
             for position, offset in prepared._full.items()  # pyright: ignore[reportPrivateUsage]
