@@ -9,6 +9,7 @@ import sqlite3
 import threading
 from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
@@ -148,6 +149,62 @@ async def test_concurrent_calls_from_many_tasks_share_the_connection(tmp_path: P
         latest = await store.latest_snapshot(run_id=f'run-{index}')
         assert latest is not None and dump(latest.messages) == dump(history(5))
     store.close()
+
+
+# --- statements ----------------------------------------------------------------------------------
+
+
+class BindingConnection(sqlite3.Connection):
+    """A connection that keeps every parameter its INSERT statements bind."""
+
+    bound: list[object]
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        if sql.startswith('INSERT'):
+            self.bound += list(parameters)
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> sqlite3.Cursor:
+        rows = [list(row) for row in seq_of_parameters]
+        if sql.startswith('INSERT'):
+            self.bound += [value for row in rows for value in row]
+        return super().executemany(sql, rows)
+
+
+async def test_empty_fields_are_written_as_null_not_bound_and_rows_keep_their_order(tmp_path: Path) -> None:
+    """A `None` bound as a parameter costs CPython's sqlite3 an adapter lookup that raises and drops
+    an error, so inserts spell `NULL` instead; rows whose blanks differ still go in their order."""
+    conn = sqlite3.connect(tmp_path / 'nulls.db', factory=BindingConnection, check_same_thread=False)
+    conn.bound = []
+    store = SqliteStepStore(connection=conn, media_store=None)
+    events = [
+        StepEvent(run_id='r', kind='model_request_started', step_index=1),
+        StepEvent(run_id='r', kind='model_request_completed', step_index=1),
+        StepEvent(run_id='r', kind='tool_call_started', step_index=1, tool_call_id='c', tool_name='t', tool_args='{}'),
+        StepEvent(run_id='r', kind='tool_call_failed', step_index=1, tool_call_id='c', tool_name='t', error='boom'),
+        StepEvent(run_id='r', kind='model_request_started', step_index=2),
+    ]
+    started = ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t', status='started', started_at=T0)
+    await store.write_records(run=RunRecord(run_id='r', started_at=T0), tool_effects=[started], events=events)
+    failed = ToolEffectRecord(
+        run_id='r', tool_call_id='c', tool_name='t', status='failed', started_at=T0, ended_at=T0, effect_summary='boom'
+    )
+    await store.write_records(snapshot=snap('r', history(1)), tool_effects=[failed])
+    assert conn.bound and None not in conn.bound
+    stored = await store.list_events(run_id='r')
+    assert [(event.kind, event.tool_call_id, event.error) for event in stored] == [
+        (event.kind, event.tool_call_id, event.error) for event in events
+    ]
+    effects = await store.list_tool_effects(run_id='r')
+    assert [(effect.status, effect.effect_summary, effect.resolution) for effect in effects] == [
+        ('failed', 'boom', None)
+    ]
+    first = 'SELECT typeof(parent_run_id), typeof(error) FROM events ORDER BY seq LIMIT 1'
+    assert query(tmp_path / 'nulls.db', first) == [('null', 'null')]
+    latest = await store.latest_snapshot(run_id='r')
+    assert latest is not None and latest.parent_run_id is None and dump(latest.messages) == dump(history(1))
+    store.close()
+    conn.close()
 
 
 # --- schema versions and older layouts ---------------------------------------------------------

@@ -18,6 +18,7 @@ from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RESOLUTION_FIELDS, RUN_FIELDS,
 from .._offload import run_blocking
 from .._sql import SQLITE, order_and_limit, run_filters
 from ._connection import SqliteConnection
+from ._inserts import Insert
 from ._legacy import legacy_texts
 from ._schema import ON_KEY_CONFLICT, RUN_COLUMNS
 
@@ -26,24 +27,20 @@ _STEP_STORE_RUN_COLUMNS = frozenset({'run_id', 'started_at'})
 """Columns the `runs` table has in every layout (this package's and the upstream package's)."""
 _CHUNK = 500
 
-_INSERT_EVENT = (
-    f'INSERT INTO events ({", ".join(EVENT_FIELDS)}) VALUES ({", ".join("?" * len(EVENT_FIELDS))}) {ON_KEY_CONFLICT}'
-)
-_UPSERT_EFFECT = (
-    f'INSERT INTO tool_effects ({", ".join(EFFECT_FIELDS)}) VALUES ({", ".join("?" * len(EFFECT_FIELDS))}) '
-    f'ON CONFLICT (run_id, tool_call_id) DO UPDATE SET '
-    f'{", ".join(f"{column} = excluded.{column}" for column in EFFECT_FIELDS[2:] if column not in RESOLUTION_FIELDS)}'
+_INSERT_EVENT = Insert('events', EVENT_FIELDS, ON_KEY_CONFLICT)
+_UPSERT_EFFECT = Insert(
+    'tool_effects',
+    EFFECT_FIELDS,
+    'ON CONFLICT (run_id, tool_call_id) DO UPDATE SET '
+    + ', '.join(f'{column} = excluded.{column}' for column in EFFECT_FIELDS[2:] if column not in RESOLUTION_FIELDS),
 )
 """A stored entry keeps its resolution: only `_RESOLVE_EFFECT` writes it."""
 _RESOLVE_EFFECT = (
     f'UPDATE tool_effects SET {", ".join(f"{column} = ?" for column in RESOLUTION_FIELDS)} '
     "WHERE run_id = ? AND tool_call_id = ? AND status = 'started'"
 )
-_INSERT_RUN = f'INSERT INTO runs ({", ".join(RUN_FIELDS)}) VALUES ({", ".join("?" * len(RUN_FIELDS))})'
-_SNAPSHOT_COLUMNS = (*SNAPSHOT_FIELDS, 'messages')
-_INSERT_SNAPSHOT = (
-    f'INSERT INTO snapshots ({", ".join(_SNAPSHOT_COLUMNS)}) VALUES ({", ".join("?" * len(_SNAPSHOT_COLUMNS))})'
-)
+_INSERT_RUN = Insert('runs', RUN_FIELDS)
+_INSERT_SNAPSHOT = Insert('snapshots', (*SNAPSHOT_FIELDS, 'messages'))
 
 _PROBE_SNAPSHOT = (
     'SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1), '
@@ -73,7 +70,7 @@ class SqliteBackend(SqliteConnection):
                 registered = batch.run['run_id'] if batch.run is not None else None
                 if batch.run is not None:
                     try:
-                        conn.execute(_INSERT_RUN, tuple(batch.run.values()))
+                        _INSERT_RUN.execute(conn, batch.run.values())
                     except sqlite3.IntegrityError as error:
                         if 'runs.run_id' not in str(error):
                             raise
@@ -88,9 +85,9 @@ class SqliteBackend(SqliteConnection):
                         raise RunNotFoundError(run_id)
                 outcome = self._write_snapshot(conn, batch) if batch.snapshot is not None else None
                 if batch.tool_effects:
-                    conn.executemany(_UPSERT_EFFECT, [tuple(row.values()) for row in batch.tool_effects])
+                    _UPSERT_EFFECT.executemany(conn, [row.values() for row in batch.tool_effects])
                 if batch.events:
-                    conn.executemany(_INSERT_EVENT, [tuple(row.values()) for row in batch.events])
+                    _INSERT_EVENT.executemany(conn, [row.values() for row in batch.events])
                 for closing in batch.closings:
                     conn.execute(
                         'UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ?',
@@ -122,7 +119,7 @@ class SqliteBackend(SqliteConnection):
         row = write.row
         row['log_size'] = log_size
         reference = f'{{"message_count":{row["message_count"]},"log_size":{log_size}}}'
-        conn.execute(_INSERT_SNAPSHOT, (*row.values(), reference))
+        _INSERT_SNAPSHOT.execute(conn, (*row.values(), reference))
         if key is not None:
             conn.execute(
                 'INSERT OR IGNORE INTO snapshot_idempotency_keys (run_id, idempotency_key) VALUES (?, ?)', (run_id, key)
