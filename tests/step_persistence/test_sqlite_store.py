@@ -8,6 +8,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from pydantic_ai_steps.step_persistence import (
 )
 from pydantic_ai_steps.store.backends import _offload as offload_module
 from pydantic_ai_steps.store.backends.sqlite import _connection as sqlite_module
+from pydantic_ai_steps.store.backends.sqlite._inserts import Insert
 from pydantic_ai_steps.testing.step_store import T0, dump
 
 from .builders import history, snap
@@ -191,19 +193,40 @@ async def test_empty_fields_are_written_as_null_not_bound_and_rows_keep_their_or
     )
     await store.write_records(snapshot=snap('r', history(1)), tool_effects=[failed])
     assert conn.bound and None not in conn.bound
+    planned = ToolEffectRecord(
+        run_id='r', tool_call_id='d', tool_name='t', status='started', started_at=T0, effect_summary='planned'
+    )
+    await store.write_records(tool_effects=[planned])
+    await store.write_records(tool_effects=[replace(planned, effect_summary=None)])  # a stored value upserted to NULL
     stored = await store.list_events(run_id='r')
     assert [(event.kind, event.tool_call_id, event.error) for event in stored] == [
         (event.kind, event.tool_call_id, event.error) for event in events
     ]
     effects = await store.list_tool_effects(run_id='r')
     assert [(effect.status, effect.effect_summary, effect.resolution) for effect in effects] == [
-        ('failed', 'boom', None)
+        ('failed', 'boom', None),
+        ('started', None, None),
     ]
     first = 'SELECT typeof(parent_run_id), typeof(error) FROM events ORDER BY seq LIMIT 1'
     assert query(tmp_path / 'nulls.db', first) == [('null', 'null')]
     latest = await store.latest_snapshot(run_id='r')
     assert latest is not None and latest.parent_run_id is None and dump(latest.messages) == dump(history(1))
     store.close()
+    conn.close()
+
+
+def test_an_insert_refuses_a_row_of_another_width_and_writes_every_pattern_of_nulls() -> None:
+    conn = sqlite3.connect(':memory:')
+    conn.execute('CREATE TABLE t (c0, c1, c2, c3, c4, c5, c6, c7)')
+    insert = Insert('t', [f'c{index}' for index in range(8)])
+    with pytest.raises(sqlite3.ProgrammingError, match='3 values given for the 8 columns of an insert into t'):
+        insert.execute(conn, (1, 2, 3))
+    with pytest.raises(sqlite3.ProgrammingError, match='9 values given'):
+        insert.executemany(conn, [tuple(range(9))])
+    rows = [tuple(None if pattern >> index & 1 else index for index in range(8)) for pattern in range(256)]
+    insert.executemany(conn, rows)  # more patterns than an insert keeps statements for
+    insert.execute(conn, rows[5])
+    assert conn.execute('SELECT * FROM t ORDER BY rowid').fetchall() == [*rows, rows[5]]
     conn.close()
 
 

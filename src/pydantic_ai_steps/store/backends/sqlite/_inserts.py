@@ -14,12 +14,18 @@ import operator
 import sqlite3
 from collections.abc import Collection, Iterable, Sequence
 
+_KEPT_STATEMENTS = 64
+"""Statements an `Insert` keeps; rows of rarer patterns have theirs built each time. A table's
+records leave a handful of patterns (about one per kind of record), and a caller's connection
+caches 128 compiled statements unless told otherwise."""
+
 
 class Insert:
     """`INSERT INTO table (columns) VALUES (...) suffix`, run for rows of values in `columns` order
     (a row is read twice: a tuple, or the values of a row dict)."""
 
     def __init__(self, table: str, columns: Sequence[str], suffix: str = '') -> None:
+        self._table = table
         self._head = f'INSERT INTO {table} ({", ".join(columns)}) VALUES ('
         self._tail = f') {suffix}' if suffix else ')'
         self._nones = (None,) * len(columns)
@@ -29,12 +35,13 @@ class Insert:
         """The statement binding the columns marked in `bound` and writing `NULL` for the others."""
         statement = self._statements.get(bound)
         if statement is None:
-            values = ', '.join('?' if value else 'NULL' for value in bound)
-            statement = self._statements[bound] = self._head + values + self._tail
+            statement = self._head + ', '.join('?' if value else 'NULL' for value in bound) + self._tail
+            if len(self._statements) < _KEPT_STATEMENTS:
+                self._statements[bound] = statement
         return statement
 
     def execute(self, conn: sqlite3.Connection, row: Collection[object]) -> sqlite3.Cursor:
-        bound = tuple(map(operator.is_not, row, self._nones))
+        bound = self._bound(row)
         return conn.execute(self.statement(bound), tuple(itertools.compress(row, bound)))
 
     def executemany(self, conn: sqlite3.Connection, rows: Iterable[Collection[object]]) -> None:
@@ -43,7 +50,7 @@ class Insert:
         stretch: list[tuple[object, ...]] = []
         stretch_bound: tuple[bool, ...] = ()
         for row in rows:
-            bound = tuple(map(operator.is_not, row, self._nones))
+            bound = self._bound(row)
             if bound != stretch_bound and stretch:
                 conn.executemany(self.statement(stretch_bound), stretch)
                 stretch = []
@@ -51,3 +58,12 @@ class Insert:
             stretch.append(tuple(itertools.compress(row, bound)))
         if stretch:
             conn.executemany(self.statement(stretch_bound), stretch)
+
+    def _bound(self, row: Collection[object]) -> tuple[bool, ...]:
+        """Which of the row's values are bound (not `None`); a row of another width is refused, as
+        SQLite refuses a statement given too few or too many parameters."""
+        if len(row) != len(self._nones):
+            raise sqlite3.ProgrammingError(
+                f'{len(row)} values given for the {len(self._nones)} columns of an insert into {self._table}'
+            )
+        return tuple(map(operator.is_not, row, self._nones))
