@@ -6,6 +6,7 @@ import asyncio
 import copy
 import gc
 import json
+import pickle
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -520,6 +521,32 @@ def test_a_stamped_request_is_written_once_in_full_then_as_a_patch() -> None:
             assert resolve_history(store.log, count, size) == texts
         loaded = await log.load(resolve_history(store.log, len(messages), len(store.log)) or [])
         assert [message_to_json(m) for m in loaded] == [message_to_json(m) for m in messages]
+
+    asyncio.run(main())
+
+
+def test_a_log_copied_between_a_request_and_its_stamp_still_patches_it() -> None:
+    """A copy (`copy.deepcopy`, pickling) leaves out the parts' hash state, which `hashlib` cannot
+    copy: the copy hashes those parts again and writes what the original would."""
+
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(None, 1 << 20)
+        request = tool_return(0)
+        messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')]), request]
+        await log.save(snapshot_of(messages), store.write)
+        copied_store, copied_log, copied_messages = copy.deepcopy(
+            (store, log, messages)
+        )  # one memo: shared objects stay shared
+        pickle.loads(pickle.dumps((log, messages)))
+        copied_request = copied_messages[1]
+        assert isinstance(copied_request, ModelRequest)
+        stamp(request)
+        stamp(copied_request)
+        size = len(store.log)
+        await log.save(snapshot_of(messages), store.write)
+        await copied_log.save(snapshot_of(copied_messages), copied_store.write)
+        assert store.appended(size) == copied_store.appended(size)
+        assert len(store.appended(size)) == 1 and is_patch(store.appended(size)[0])
 
     asyncio.run(main())
 

@@ -238,6 +238,10 @@ class PatchBase:
     parts_hash: HASH | None = field(default=None, compare=False)
     """`text` up to `split` hashed, unless `moved`: a stamped version's `content_digest` hashes only its tail."""
 
+    def __getstate__(self) -> dict[str, object]:
+        """Without `parts_hash`, which `hashlib` cannot pickle: a copied store hashes those parts again."""
+        return {**self.__dict__, 'parts_hash': None}
+
     def restamped(self, request: ModelRequest) -> tuple[str, str, int] | None:
         """This text with `request`'s fields after the parts, a patch of this text spelling it, and
         where the parts end in it, when the request differs from this text's only after the parts;
