@@ -7,7 +7,6 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Generator
 from pathlib import Path
 
 
@@ -68,31 +67,35 @@ def require_cross_thread_use(connection: sqlite3.Connection, owner: str) -> None
     raise ValueError(f'{owner}(connection=...) cannot use this connection: {error}') from error
 
 
-@contextlib.contextmanager
-def write_transaction(connection: sqlite3.Connection, savepoint: str) -> Generator[None]:
+class WriteTransaction:
     """`BEGIN IMMEDIATE` ... `COMMIT`; inside a caller's open transaction, `savepoint` instead.
 
     Taking the write lock up front matters: a deferred transaction that reads and then writes
     fails at once with `database is locked` if another connection committed in between. In a
-    caller's transaction the work is released into it, and commits (or not) with it.
+    caller's transaction the work is released into it, and commits (or not) with it. A class, not
+    a generator: every store write enters one.
     """
-    if not connection.in_transaction:
-        connection.execute('BEGIN IMMEDIATE')
-        try:
-            yield
-        except BaseException:
-            connection.execute('ROLLBACK')
-            raise
-        connection.execute('COMMIT')
-        return
-    connection.execute(f'SAVEPOINT {savepoint}')
-    try:
-        yield
-    except BaseException:
-        connection.execute(f'ROLLBACK TO {savepoint}')
-        connection.execute(f'RELEASE {savepoint}')
-        raise
-    connection.execute(f'RELEASE {savepoint}')
+
+    __slots__ = ('_connection', '_nested', '_savepoint')
+
+    def __init__(self, connection: sqlite3.Connection, savepoint: str) -> None:
+        self._connection = connection
+        self._savepoint = savepoint
+        self._nested = False
+
+    def __enter__(self) -> None:
+        connection = self._connection
+        self._nested = connection.in_transaction
+        connection.execute(f'SAVEPOINT {self._savepoint}' if self._nested else 'BEGIN IMMEDIATE')
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        connection = self._connection
+        if not self._nested:
+            connection.execute('COMMIT' if kind is None else 'ROLLBACK')
+            return
+        if kind is not None:
+            connection.execute(f'ROLLBACK TO {self._savepoint}')
+        connection.execute(f'RELEASE {self._savepoint}')
 
 
 def enable_wal(connection: sqlite3.Connection, *, timeout: float = 30.0) -> None:

@@ -16,6 +16,7 @@ import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
 from pydantic_ai_steps.step_persistence import (
+    RunNotFoundError,
     RunRecord,
     SqliteStepStore,
     StepEvent,
@@ -65,6 +66,35 @@ async def test_shared_connection_gets_wal_and_commits_outside_a_caller_transacti
     # Another connection sees the rows: the store committed its own writes.
     assert query(tmp_path / 'shared.db', 'SELECT run_id FROM runs') == [('r',)]
     assert len(query(tmp_path / 'shared.db', 'SELECT seq FROM snapshots')) == 1
+    conn.close()
+
+
+async def test_a_failed_write_inside_a_caller_transaction_undoes_only_its_own_rows(tmp_path: Path) -> None:
+    """The write goes in a savepoint: refused halfway (its run registered, then an event of a run
+    the store does not hold), it takes back its own rows and leaves the caller's transaction as it was."""
+    conn = sqlite3.connect(tmp_path / 'shared.db', check_same_thread=False, isolation_level=None)
+    store = SqliteStepStore(connection=conn, media_store=None)
+    await store.register_run(RunRecord(run_id='kept', started_at=T0))
+    conn.execute('CREATE TABLE caller (value TEXT)')
+    conn.execute('BEGIN')
+    conn.execute("INSERT INTO caller VALUES ('mine')")
+    with pytest.raises(RunNotFoundError, match='missing'):
+        await store.write_records(
+            run=RunRecord(run_id='new', started_at=T0),
+            events=[StepEvent(run_id='missing', kind='model_request_started', step_index=1, timestamp=T0)],
+        )
+    assert conn.in_transaction
+    assert conn.execute('SELECT run_id FROM runs').fetchall() == [('kept',)]
+    await store.append_event(StepEvent(run_id='kept', kind='model_request_started', step_index=1, timestamp=T0))
+    conn.execute('ROLLBACK')  # the caller changes its mind: the store's write inside goes with it
+    assert conn.execute('SELECT count(*) FROM caller').fetchone() == (0,)
+    assert await store.list_events(run_id='kept') == []
+    conn.execute('BEGIN')
+    conn.execute("INSERT INTO caller VALUES ('mine')")
+    await store.append_event(StepEvent(run_id='kept', kind='model_request_started', step_index=2, timestamp=T0))
+    conn.execute('COMMIT')
+    assert query(tmp_path / 'shared.db', 'SELECT value FROM caller') == [('mine',)]
+    assert [event.step_index for event in await store.list_events(run_id='kept')] == [2]
     conn.close()
 
 

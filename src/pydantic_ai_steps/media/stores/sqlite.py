@@ -70,7 +70,7 @@ from datetime import datetime
 
 import anyio.to_thread
 
-from ..._sqlite import write_transaction
+from ..._sqlite import WriteTransaction
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
@@ -206,7 +206,7 @@ class SqliteMediaStore(SqliteMediaConnection):
         """
         hashing = Sha256Thread(data)
         try:
-            with self._checkpoint_deferred(conn, len(data)), write_transaction(conn, _SAVEPOINT):
+            with self._checkpoint_deferred(conn, len(data)), WriteTransaction(conn, _SAVEPOINT):
                 conn.execute(f'SAVEPOINT {_CHUNKS_SAVEPOINT}')
                 (blob_id,) = conn.execute(f'SELECT coalesce(max(blob_id), 0) + 1 FROM "{self._chunks}"').fetchone()
                 view, step = memoryview(data), self.chunk_bytes
@@ -316,7 +316,7 @@ class SqliteMediaStore(SqliteMediaConnection):
         condition, parameters = (
             ('', (digest,)) if before is None else (f' AND coalesce({stored}, 0) < ?', (digest, before))
         )
-        with write_transaction(conn, _DELETE_SAVEPOINT):
+        with WriteTransaction(conn, _DELETE_SAVEPOINT):
             row = conn.execute(
                 f'SELECT {_column(columns, "blob_id")} FROM "{self._table}" WHERE sha256 = ?{condition}', parameters
             ).fetchone()

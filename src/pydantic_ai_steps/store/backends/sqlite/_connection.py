@@ -17,16 +17,18 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Generator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TypeVar
 
-from ...._sqlite import BackgroundCheckpointer, enable_wal, open_database, truncate_wal, write_transaction
+from ...._sqlite import BackgroundCheckpointer, WriteTransaction, enable_wal, open_database, truncate_wal
 from .._offload import FlushTimer, WouldBlock, acquire, may_wait, run_blocking, run_soon
 from ._schema import SCHEMA_VERSION, Columns, check_readable, migrate, schema_version
 
 _R = TypeVar('_R')
 _SAVEPOINT = 'pydantic_ai_steps_store'
+_AUTOCOMMIT: AbstractContextManager[None] = nullcontext()
+"""A single statement on the store's own connection: it commits by itself."""
 _BUSY_TIMEOUT_MS = 30_000
 """How long a call on a worker thread waits for another connection's write lock."""
 _CHECKPOINT_EVERY = 64
@@ -233,9 +235,8 @@ class SqliteConnection:
         assert self._columns is not None
         return self._columns
 
-    @contextmanager
-    def _write(self, conn: sqlite3.Connection, *, immediate: bool = False) -> Generator[None]:
-        """A write transaction that takes the write lock up front (see `write_transaction`).
+    def _write(self, conn: sqlite3.Connection, *, immediate: bool = False) -> AbstractContextManager[None]:
+        """A write transaction that takes the write lock up front (see `WriteTransaction`).
 
         A single statement on the store's own (autocommit) connection needs no transaction at
         all. On a shared connection already inside a transaction of the caller's, the work goes in
@@ -244,10 +245,8 @@ class SqliteConnection:
         if self._owns_connection:
             self._commits_since_checkpoint += 1
             if not immediate:
-                yield
-                return
-        with write_transaction(conn, _SAVEPOINT):
-            yield
+                return _AUTOCOMMIT
+        return WriteTransaction(conn, _SAVEPOINT)
 
 
 def database_file(connection: sqlite3.Connection | None) -> str | None:
