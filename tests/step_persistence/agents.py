@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
 Turn = Callable[[list[ModelMessage], AgentInfo], ModelResponse]
@@ -15,14 +15,25 @@ def responses_so_far(messages: Sequence[ModelMessage]) -> int:
     return sum(isinstance(message, ModelResponse) for message in messages)
 
 
-def scripted(*turns: list[ToolCallPart] | str) -> FunctionModel:
+def this_turn(messages: Sequence[ModelMessage]) -> Sequence[ModelMessage]:
+    """The messages from the newest user prompt on: what a run continuing a history added."""
+    for start in range(len(messages) - 1, -1, -1):
+        message = messages[start]
+        if isinstance(message, ModelRequest) and any(isinstance(part, UserPromptPart) for part in message.parts):
+            return messages[start:]
+    return messages
+
+
+def scripted(*turns: list[ToolCallPart] | str, per_turn: bool = False) -> FunctionModel:
     """A model that plays `turns` in order: a list of tool calls, or a final text.
 
-    A final text `'<output>'` becomes a call to the output tool when the agent has one.
+    A final text `'<output>'` becomes a call to the output tool when the agent has one. With
+    `per_turn`, each new user prompt plays `turns` from the start (else a continued history goes on
+    from where it stopped).
     """
 
     def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        index = min(responses_so_far(messages), len(turns) - 1)
+        index = min(responses_so_far(this_turn(messages) if per_turn else messages), len(turns) - 1)
         turn = turns[index]
         if isinstance(turn, str):
             if turn == '<output>' and info.output_tools:

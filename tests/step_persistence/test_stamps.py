@@ -4,21 +4,20 @@ The tracker compares the newest `TAIL` positions of the last save value by value
 object identity, so an attribute pydantic-ai assigns on an older message would never be stored.
 These runs look at every message wherever the capability may save (before each model request, after
 each node with a tool cycle's pending request, and at the end) and measure, for each change made in
-place, how far from the end of the previous look it was. A pydantic-ai that stamps older messages fails here first.
+place, how far from the end of the previous look it was. A pydantic-ai that stamps older messages
+fails here first.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 from pydantic_ai import Agent, ModelRetry, RunContext
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, UserPromptPart
-from pydantic_ai.models.function import AgentInfo, DeltaToolCalls, FunctionModel
+from pydantic_ai.messages import ModelMessage, ModelRequest
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import InMemoryStepStore
@@ -78,30 +77,6 @@ class Answer(BaseModel):
     value: int
 
 
-def this_turn(*turns: list[ToolCallPart] | str) -> FunctionModel:
-    """`scripted`, counting only this turn's responses (those after the newest user prompt), so a
-    run continuing a history plays its tool cycles too."""
-    model = scripted(*turns)
-
-    def since_prompt(messages: list[ModelMessage]) -> list[ModelMessage]:
-        for start in range(len(messages) - 1, -1, -1):
-            message = messages[start]
-            if isinstance(message, ModelRequest) and any(isinstance(part, UserPromptPart) for part in message.parts):
-                return messages[start:]
-        return messages
-
-    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        assert model.function is not None
-        return cast(ModelResponse, model.function(since_prompt(messages), info))
-
-    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
-        assert model.stream_function is not None
-        async for item in model.stream_function(since_prompt(messages), info):
-            yield item
-
-    return FunctionModel(respond, stream_function=stream)
-
-
 @pytest.mark.parametrize('capture_frontier', [False, True])
 async def test_pydantic_ai_changes_in_place_only_the_newest_messages_of_a_save(capture_frontier: bool) -> None:
     store = InMemoryStepStore()
@@ -134,15 +109,15 @@ async def test_pydantic_ai_changes_in_place_only_the_newest_messages_of_a_save(c
         [call('flaky', 'd', page=0)],  # a retry prompt
         [call('flaky', 'e', page=1)],
     ]
-    first = await agent(model=this_turn(*cycles, 'done')).run('go')
-    second = await agent(model=this_turn(*cycles, '<output>'), output_type=Answer).run(
+    first = await agent(model=scripted(*cycles, 'done', per_turn=True)).run('go')
+    second = await agent(model=scripted(*cycles, '<output>', per_turn=True), output_type=Answer).run(
         'again', message_history=first.all_messages()
     )
-    async with agent(model=this_turn(*cycles, 'streamed')).run_stream(
+    async with agent(model=scripted(*cycles, 'streamed', per_turn=True)).run_stream(
         'third', message_history=second.all_messages()
     ) as streamed:
         await streamed.get_output()
-    async with agent(model=this_turn(*cycles, 'iterated')).iter('fourth') as run:
+    async with agent(model=scripted(*cycles, 'iterated', per_turn=True)).iter('fourth') as run:
         async for _ in run:
             pass
 
