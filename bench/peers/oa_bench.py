@@ -14,7 +14,8 @@ WAL, `synchronous=FULL`, one commit per item batch), `sqlite-normal` (the same w
     python oa_bench.py --count sqlite-normal 3 40 3  # for bench/instructions.py: runs only, no output
 
 In `--serve` mode each input line is `{"kind": ..., "steps": N}` and the answer is one line with the
-run's wall time `t` (seconds) and what it stored. `OA_SYNC_NORMAL=1` makes `sqlite` mean
+run's wall time `t` (seconds), its time inside the SDK's session work `inside` (`SessionClock`) and
+what it stored. `OA_SYNC_NORMAL=1` makes `sqlite` mean
 `sqlite-normal` (the switch of the first version of this script).
 """
 # pyright: basic, reportMissingImports=false, reportMissingModuleSource=false
@@ -38,6 +39,7 @@ from typing import Any
 from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled
 from agents.items import ModelResponse
 from agents.models.interface import Model
+from agents.run_internal import session_persistence
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
@@ -55,6 +57,49 @@ def _configure_connection(conn: sqlite3.Connection) -> None:
 
 
 SQLiteSession._configure_connection = staticmethod(_configure_connection)
+
+
+class SessionClock:
+    """Seconds a run spends in the SDK's session work, the counterpart of the time ours spends inside
+    its capability's hooks: `save_result_to_session` (a turn's new items converted, fingerprinted,
+    deduplicated and added, its commit on a worker thread included) and the session's own calls made
+    outside it (the history read when a run starts). A run without a session makes none of them:
+    `save_result_to_session` returns at once for it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = 0
+
+    def timed(self, function: Any) -> Any:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:  # a session call inside `save_result_to_session`: timed with it
+                return await function(*args, **kwargs)
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return await function(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self._depth -= 1
+
+        return timed
+
+    def install(self) -> None:
+        """Wrap `save_result_to_session` wherever the SDK's modules bound it, and the session's calls."""
+        original = session_persistence.save_result_to_session
+        timed = self.timed(original)
+        for module in list(sys.modules.values()):
+            if (
+                getattr(module, '__name__', '').startswith('agents')
+                and vars(module).get('save_result_to_session') is original
+            ):
+                module.save_result_to_session = timed
+        for name in ('get_items', 'add_items', 'pop_item', 'clear_session'):
+            setattr(SQLiteSession, name, self.timed(getattr(SQLiteSession, name)))
+
+
+SESSION_CLOCK = SessionClock()
+"""Installed for timed runs only: a count (`--count`) takes in none of its own code."""
 
 
 @function_tool
@@ -138,9 +183,11 @@ async def one_run(kind: str, steps: int) -> dict[str, Any]:
         elif kind != 'none':
             raise SystemExit(f'unknown kind {kind!r}')
         gc.collect()
+        SESSION_CLOCK.seconds = 0.0
         t0, c0 = time.perf_counter(), time.process_time()
         res = await Runner.run(agent, 'go', max_turns=steps + 10, session=session)
         out['t'], out['cpu'] = time.perf_counter() - t0, time.process_time() - c0
+        out['inside'] = SESSION_CLOCK.seconds
         assert res.final_output == 'done', res.final_output
         hist = res.to_input_list()
         assert sum(1 for it in hist if _typ(it) == 'function_call_output') == steps - 1
@@ -243,8 +290,10 @@ def main() -> None:
         kind, runs, steps, runs_at_most = a.count
         asyncio.run(counted(kind, int(runs), int(steps), int(runs_at_most)))
     elif a.serve:
+        SESSION_CLOCK.install()
         asyncio.run(serve())
     else:
+        SESSION_CLOCK.install()
         asyncio.run(standalone(a.steps, a.reps, a.configs.split(',')))
 
 
