@@ -93,7 +93,7 @@ class SessionClock:
                 getattr(module, '__name__', '').startswith('agents')
                 and vars(module).get('save_result_to_session') is original
             ):
-                module.save_result_to_session = timed
+                vars(module)['save_result_to_session'] = timed
         for name in ('get_items', 'add_items', 'pop_item', 'clear_session'):
             setattr(SQLiteSession, name, self.timed(getattr(SQLiteSession, name)))
 
