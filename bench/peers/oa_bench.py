@@ -61,21 +61,33 @@ SQLiteSession._configure_connection = staticmethod(_configure_connection)
 
 class SessionClock:
     """Seconds a run spends in the SDK's session work, the counterpart of the time ours spends inside
-    its capability's hooks: `save_result_to_session` (a turn's new items converted, fingerprinted,
-    deduplicated and added, its commit on a worker thread included) and the session's own calls made
-    outside it (the history read when a run starts). A run without a session makes none of them:
-    `save_result_to_session` returns at once for it."""
+    its capability's hooks.
+
+    Timed: `prepare_input_with_session` (the history read when a run starts),
+    `save_result_to_session` (a turn's new items converted, fingerprinted, deduplicated and added,
+    with the commit on a worker thread), the session's own calls made outside those, and, before
+    each save, the runner's pass that only a run with a session makes: from the moment the turn's
+    items are taken for the session (`session_items_for_turn`) it goes over every item of the run
+    so far, so it grows with the history. That stretch also holds a few list appends a run without
+    a session makes too (a microsecond or two), and the run's last save takes in the final answer's
+    handling since its turn. A run without a session makes none of these calls (`inside` 0).
+    """
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self._depth = 0
+        self._turn_taken: float | None = None
+
+    def reset(self) -> None:
+        self.seconds, self._turn_taken = 0.0, None
 
     def timed(self, function: Any) -> Any:
         async def timed(*args: Any, **kwargs: Any) -> Any:
-            if self._depth:  # a session call inside `save_result_to_session`: timed with it
+            if self._depth:  # a session call inside another timed one: timed with it
                 return await function(*args, **kwargs)
             self._depth += 1
-            start = time.perf_counter()
+            start = time.perf_counter() if self._turn_taken is None else self._turn_taken
+            self._turn_taken = None
             try:
                 return await function(*args, **kwargs)
             finally:
@@ -84,16 +96,26 @@ class SessionClock:
 
         return timed
 
+    def marks_turn(self, function: Any) -> Any:
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            result = function(*args, **kwargs)
+            self._turn_taken = time.perf_counter()
+            return result
+
+        return marked
+
     def install(self) -> None:
-        """Wrap `save_result_to_session` wherever the SDK's modules bound it, and the session's calls."""
-        original = session_persistence.save_result_to_session
-        timed = self.timed(original)
-        for module in list(sys.modules.values()):
-            if (
-                getattr(module, '__name__', '').startswith('agents')
-                and vars(module).get('save_result_to_session') is original
-            ):
-                vars(module)['save_result_to_session'] = timed
+        """Wrap the session work wherever the SDK's modules bound it, and the session's calls."""
+        for name, wrap in (
+            ('prepare_input_with_session', self.timed),
+            ('save_result_to_session', self.timed),
+            ('session_items_for_turn', self.marks_turn),
+        ):
+            original = vars(session_persistence)[name]
+            wrapped = wrap(original)
+            for module in list(sys.modules.values()):
+                if getattr(module, '__name__', '').startswith('agents') and vars(module).get(name) is original:
+                    vars(module)[name] = wrapped
         for name in ('get_items', 'add_items', 'pop_item', 'clear_session'):
             setattr(SQLiteSession, name, self.timed(getattr(SQLiteSession, name)))
 
@@ -183,7 +205,7 @@ async def one_run(kind: str, steps: int) -> dict[str, Any]:
         elif kind != 'none':
             raise SystemExit(f'unknown kind {kind!r}')
         gc.collect()
-        SESSION_CLOCK.seconds = 0.0
+        SESSION_CLOCK.reset()
         t0, c0 = time.perf_counter(), time.process_time()
         res = await Runner.run(agent, 'go', max_turns=steps + 10, session=session)
         out['t'], out['cpu'] = time.perf_counter() - t0, time.process_time() - c0
