@@ -451,7 +451,7 @@ def inside(m: dict[tuple[str, int], float | None], overhead: dict[tuple[str, int
                 verdict = 'met' if mine <= theirs + one else 'missed'
                 print(
                     f"- {level} @{steps}: inside, ours / (the session + one fsync'd commit) = "
-                    f'{mine / (theirs + one):.2f}x: {verdict}'
+                    f'{mine / (theirs + one):.2f}x (target <= 1x): {verdict}'
                 )
     for steps in STEPS:
         for ours, floor, level in (

@@ -296,7 +296,12 @@ async def standalone(steps: int, reps: int, kinds: list[str]) -> None:
     for k in kinds:
         if k != 'none':
             t = statistics.median(r['t'] for r in runs[k])
-            res[k] = {'run_s': round(t, 4), 'overhead_ms_per_step': round((t - base) / steps * 1e3, 3)}
+            inside = statistics.median(r['inside'] for r in runs[k])
+            res[k] = {
+                'run_s': round(t, 4),
+                'overhead_ms_per_step': round((t - base) / steps * 1e3, 3),
+                'inside_ms_per_step': round(inside / steps * 1e3, 3),
+            }
     print(json.dumps(res))
 
 
