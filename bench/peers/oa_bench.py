@@ -111,7 +111,11 @@ class SessionClock:
             ('save_result_to_session', self.timed),
             ('session_items_for_turn', self.marks_turn),
         ):
-            original = vars(session_persistence)[name]
+            original = vars(session_persistence).get(name)
+            if original is None:  # a later SDK: a part of the session's work would go untimed
+                raise SystemExit(
+                    f'oa_bench: agents.run_internal.session_persistence has no {name}; update SessionClock'
+                )
             wrapped = wrap(original)
             for module in list(sys.modules.values()):
                 if getattr(module, '__name__', '').startswith('agents') and vars(module).get(name) is original:
