@@ -41,7 +41,8 @@ A last table gives the time spent inside the persistence layer per step, without
 whole runs: inside the hooks (the tool's own time left out) for ours
 (`inside_hooks.TimedStepPersistence`) and for the floor inside the agent, and inside the SDK's
 session work for the session (`oa_bench.SessionClock`: converting, fingerprinting and adding each
-turn's items, its commit on a worker thread, and the history read when a run starts); with the
+turn's items, its commit on a worker thread, the runner's pass over the run's items before each
+save, and the history read when a run starts); with the
 ratios of ours to each. Ours leaves pydantic-ai's dispatch of its hooks out (row (a)).
 """
 
@@ -422,7 +423,7 @@ def report(results: Results, rounds: int, load: list[tuple[float, float, float]]
     print()
     print(
         "Time inside the persistence layer per step, median (min-max): the capability's hooks (the tool's "
-        "own time left out); the SDK's session work (its history read, each turn's items converted and added)"
+        "own time left out); the SDK's session work (`oa_bench.SessionClock`)"
     )
     print()
     inside(table(results.inside), medians)

@@ -320,12 +320,9 @@ def main() -> None:
     if a.count:
         kind, runs, steps, runs_at_most = a.count
         asyncio.run(counted(kind, int(runs), int(steps), int(runs_at_most)))
-    elif a.serve:
-        SESSION_CLOCK.install()
-        asyncio.run(serve())
     else:
         SESSION_CLOCK.install()
-        asyncio.run(standalone(a.steps, a.reps, a.configs.split(',')))
+        asyncio.run(serve() if a.serve else standalone(a.steps, a.reps, a.configs.split(',')))
 
 
 if __name__ == '__main__':
