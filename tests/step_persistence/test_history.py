@@ -95,6 +95,25 @@ def test_a_request_stamped_after_its_boundary_is_a_candidate() -> None:
     assert commit_all(tracker, 'r', [*messages, ModelResponse(parts=[TextPart('next')])]) == [18, 20]
 
 
+def test_a_tail_message_whose_metadata_is_written_into_in_place_is_a_candidate() -> None:
+    """pydantic-ai adds its own keys to the newest request's `metadata` dict in place after a
+    boundary (when it counts tokens before a request): no attribute is reassigned, yet the
+    message changed, so a newest message holding `metadata` is compared by content."""
+    tracker: HistoryTracker[int] = HistoryTracker()
+    messages = history(20)
+    pending = messages[-2]
+    assert isinstance(pending, ModelRequest)
+    pending.metadata = {'__pydantic_ai__': {}}
+    commit_all(tracker, 'r', messages)
+    namespace = pending.metadata['__pydantic_ai__']
+    namespace['counted'] = True
+    assert commit_all(tracker, 'r', [*messages, ModelResponse(parts=[TextPart('next')])]) == [18, 20]
+    old = messages[0]
+    assert isinstance(old, ModelRequest)
+    old.metadata = {}  # outside the tail, a reassignment is what counts: settled positions go by identity
+    assert commit_all(tracker, 'r', [*messages, ModelResponse(parts=[TextPart('next')])]) == [18, 20]
+
+
 def test_a_replaced_old_message_is_found_even_outside_the_tail() -> None:
     tracker: HistoryTracker[int] = HistoryTracker()
     messages = history(10 * TAIL)
@@ -521,6 +540,28 @@ def test_a_stamped_request_is_written_once_in_full_then_as_a_patch() -> None:
             assert resolve_history(store.log, count, size) == texts
         loaded = await log.load(resolve_history(store.log, len(messages), len(store.log)) or [])
         assert [message_to_json(m) for m in loaded] == [message_to_json(m) for m in messages]
+
+    asyncio.run(main())
+
+
+def test_metadata_written_into_a_saved_request_in_place_is_stored_at_the_next_save() -> None:
+    async def main() -> None:
+        store, log = FakeStore(), MessageLog(None, 1 << 20)
+        request = ModelRequest(parts=[UserPromptPart('go')], metadata={'__pydantic_ai__': {'binding': 1}})
+        messages: list[ModelMessage] = [request]
+        await log.save(snapshot_of(messages), store.write)
+        metadata = request.metadata
+        assert metadata is not None
+        metadata['__pydantic_ai__']['counted_input_tokens'] = 12  # in place, nothing reassigned
+        messages.append(ModelResponse(parts=[TextPart('done')]))
+        await log.save(snapshot_of(messages, 1), store.write)
+        texts = resolve_history(store.log, len(messages), len(store.log))
+        assert texts is not None and json.loads(texts[0])['metadata'] == {
+            '__pydantic_ai__': {'binding': 1, 'counted_input_tokens': 12}
+        }
+        unchanged = len(store.log)
+        await log.save(snapshot_of(messages, 2), store.write)  # compared by content: nothing new to write
+        assert len(store.log) == unchanged
 
     asyncio.run(main())
 

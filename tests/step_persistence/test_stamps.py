@@ -18,6 +18,8 @@ from pydantic import BaseModel
 from pydantic_ai import Agent, ModelRetry, RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelRequest
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.usage import RequestUsage, UsageLimits
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import InMemoryStepStore
@@ -131,3 +133,49 @@ async def test_pydantic_ai_changes_in_place_only_the_newest_messages_of_a_save(c
         (record,) = await store.list_runs(pydantic_ai_run_id=result.run_id)
         stored = await store.latest_snapshot(run_id=record.run_id)
         assert stored is not None and dump(stored.messages) == dump(result.all_messages())
+
+
+class CountingModel(FunctionModel):
+    """Counts tokens before each request the way a provider's binding may: by adding keys to the
+    `metadata` dict of the request it counted, in place."""
+
+    async def count_tokens(self, messages: list[ModelMessage], model_settings: Any, parameters: Any) -> RequestUsage:
+        request = messages[-1]
+        assert isinstance(request, ModelRequest) and request.metadata is not None
+        request.metadata.setdefault('__pydantic_ai__', {})['counted'] = len(messages)
+        return RequestUsage(input_tokens=len(messages))
+
+
+@dataclass
+class RequestMetadata(AbstractCapability[Any]):
+    """Gives each new request a `metadata` dict before `StepPersistence` saves it."""
+
+    async def before_model_request(self, ctx: RunContext[Any], request_context: Any) -> Any:
+        request = request_context.messages[-1]
+        if isinstance(request, ModelRequest) and request.metadata is None:
+            request.metadata = {'app': 'tagged'}
+        return request_context
+
+
+async def test_metadata_pydantic_ai_writes_into_a_saved_request_is_stored() -> None:
+    """pydantic-ai counts tokens after the boundary saved the request; what the count adds to the
+    request's `metadata` dict in place is in the history the store holds at the next boundary."""
+    store = InMemoryStepStore()
+    model = scripted([call('fetch', 'a', page=1)], [call('fetch', 'b', page=2)], 'done')
+    agent = Agent(CountingModel(model.function), capabilities=[RequestMetadata(), StepPersistence(store=store)])
+
+    @agent.tool_plain
+    def fetch(page: int) -> str:  # pyright: ignore[reportUnusedFunction]
+        return 'x' * page
+
+    result = await agent.run('go', usage_limits=UsageLimits(count_tokens_before_request=True))
+    requests = [message for message in result.all_messages() if isinstance(message, ModelRequest)]
+    assert [request.metadata for request in requests] == [
+        {'app': 'tagged', '__pydantic_ai__': {'counted': count}} for count in (1, 3, 5)
+    ]
+    (record,) = await store.list_runs(pydantic_ai_run_id=result.run_id)
+    for snapshot in await store.list_snapshots(run_id=record.run_id):
+        stored = [message for message in snapshot.messages if isinstance(message, ModelRequest)]
+        assert all(request.metadata is not None and '__pydantic_ai__' in request.metadata for request in stored[:-1])
+    stored = await store.latest_snapshot(run_id=record.run_id)
+    assert stored is not None and dump(stored.messages) == dump(result.all_messages())

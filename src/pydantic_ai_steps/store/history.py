@@ -15,8 +15,10 @@ saw it, by assigning attributes of the same object; a history processor may repl
 So "new" cannot mean "beyond the previous length" or "a different object". `HistoryTracker`
 remembers, per position, the object it saw and references to that object's attribute values
 (and those of its parts). A message whose object and attribute values are all identical
-(`is`) to last time cannot have changed unless mutated deep inside a value in place, which
-pydantic-ai does not do; anything else is a *candidate*, re-serialized and compared by content.
+(`is`) to last time cannot have changed unless mutated deep inside a value in place; anything
+else is a *candidate*, re-serialized and compared by content. The one value pydantic-ai does
+mutate in place is a request's `metadata` dict (it adds its own keys there after a boundary, when
+counting tokens before a request), so a newest message holding `metadata` is always a candidate.
 Holding references (not `id()`s) keeps the compared objects alive, so an address can never be
 reused by a new value and fool the comparison. Only the newest positions are compared value by
 value (`TAIL`); the settled rest by object identity, in one C-level pass. Cost per boundary:
@@ -211,12 +213,12 @@ TAIL = 4
 """How many of the newest positions of the last write are re-checked value by value.
 
 pydantic-ai changes in place only the newest message of the last boundary (its pending
-tool-return request, stamped when it is sent); `tests/step_persistence/test_stamps.py` watches real
-runs for that, on every pydantic-ai the suite runs, and allows 2. Four keeps one more tool cycle
-beyond it. Older positions are compared by object identity alone, in C, so a boundary costs the
-same however long the history is. A history processor that rewrites older messages builds new
-objects (as pydantic-ai's own do) and is seen; one that assigned into an old message's fields in
-place would not be, so don't.
+tool-return request, stamped when it is sent, and maybe its `metadata` dict written into);
+`tests/step_persistence/test_stamps.py` watches real runs for that, on every pydantic-ai the suite
+runs, and allows 2. Four keeps one more tool cycle beyond it. Older positions are compared by
+object identity alone, in C, so a boundary costs the same however long the history is. A history
+processor that rewrites older messages builds new objects (as pydantic-ai's own do) and is seen;
+one that assigned into an old message's fields in place would not be, so don't.
 """
 
 StoredT = TypeVar('StoredT')
@@ -346,8 +348,8 @@ class HistoryTracker(Generic[StoredT]):
             shape = _shape(message)
             if position < overlap:
                 known = previous.shapes[position]
-                if seen[position] is message and known is not None and _same(known, shape):
-                    continue
+                if seen[position] is message and known is not None and _same(known, shape) and message.metadata is None:
+                    continue  # (`metadata` may have been written into in place: compared by content)
             shapes[position] = shape
         return HistoryDelta(run_id, current, list(shapes), previous, previous.generation, shapes)
 
