@@ -18,7 +18,8 @@ remembers, per position, the object it saw and references to that object's attri
 (`is`) to last time cannot have changed unless mutated deep inside a value in place; anything
 else is a *candidate*, re-serialized and compared by content. The one value pydantic-ai does
 mutate in place is a request's `metadata` dict (it adds its own keys there after a boundary, when
-counting tokens before a request), so a newest message holding `metadata` is always a candidate.
+counting tokens before a request), so the `metadata` of the newest messages is also remembered as
+JSON text, and a message whose text differs is a candidate.
 Holding references (not `id()`s) keeps the compared objects alive, so an address can never be
 reused by a new value and fool the comparison. Only the newest positions are compared value by
 value (`TAIL`); the settled rest by object identity, in one C-level pass. Cost per boundary:
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import pydantic
+import pydantic_core
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
 
 from .patch import apply_ops, is_patch, patch_ops, restamp, scalar_members
@@ -204,6 +206,16 @@ def _shape(message: ModelMessage) -> list[object]:
     return part_values(message, list(field_values(message)))
 
 
+def _metadata_text(message: ModelMessage) -> object:
+    """`message.metadata` as JSON text (`None` without any); what cannot be serialized equals nothing."""
+    if message.metadata is None:
+        return None
+    try:
+        return pydantic_core.to_json(message.metadata, bytes_mode='base64')
+    except (ValueError, RecursionError):  # PydanticSerializationError is a ValueError
+        return object()
+
+
 def _same(left: list[object], right: list[object]) -> bool:
     """Identity of every value; `map`/`all` keep this loop in C."""
     return len(left) == len(right) and all(map(operator.is_, left, right))
@@ -271,6 +283,8 @@ class RunHistory(Generic[StoredT]):
     log_size: int = 0
     bases: dict[int, PatchBase] = field(default_factory=dict[int, PatchBase])
     """The newest full text per position, for the last `TAIL` positions only (the ones still stamped)."""
+    metadata: dict[int, object] = field(default_factory=dict[int, object])
+    """`_metadata_text` of the stored version, for those of the last `TAIL` positions that have metadata."""
     weights: list[int] = field(default_factory=list[int])
     """Roughly how many bytes each position's message holds alive (its text, its binary payloads)."""
     weight: int = 0
@@ -291,6 +305,8 @@ class HistoryDelta(Generic[StoredT]):
     """`previous.generation` when the delta was taken."""
     shapes: dict[int, list[object]] = field(default_factory=dict[int, list[object]])
     """`_shape` of each candidate, taken before it is serialized: what a later change is judged against."""
+    metadata: dict[int, object] = field(default_factory=dict[int, object])
+    """`_metadata_text` of each candidate that has metadata, taken with its shape."""
 
     def stored_at(self, position: int) -> StoredT | None:
         if self.previous is None or position >= len(self.previous.stored):
@@ -336,22 +352,31 @@ class HistoryTracker(Generic[StoredT]):
         previous = self._runs.get(run_id)
         if previous is None:
             shapes = {position: _shape(message) for position, message in enumerate(current)}
-            return HistoryDelta(run_id, current, list(shapes), None, shapes=shapes)
+            metadata = {position: _metadata_text(message) for position, message in enumerate(current)}
+            return HistoryDelta(run_id, current, list(shapes), None, shapes=shapes, metadata=metadata)
         seen = previous.messages
         overlap = min(len(current), len(seen))
         settled = max(0, len(seen) - TAIL) if overlap == len(seen) else 0
         if settled and not all(map(operator.is_, itertools.islice(seen, settled), current)):
             settled = 0  # the history was rewritten: check every position
         shapes: dict[int, list[object]] = {}
+        metadata: dict[int, object] = {}
         for position in range(settled, len(current)):
             message = current[position]
             shape = _shape(message)
+            text = _metadata_text(message)
             if position < overlap:
                 known = previous.shapes[position]
-                if seen[position] is message and known is not None and _same(known, shape) and message.metadata is None:
-                    continue  # (`metadata` may have been written into in place: compared by content)
+                if (
+                    seen[position] is message
+                    and known is not None
+                    and _same(known, shape)
+                    and text == previous.metadata.get(position)
+                ):
+                    continue
             shapes[position] = shape
-        return HistoryDelta(run_id, current, list(shapes), previous, previous.generation, shapes)
+            metadata[position] = text
+        return HistoryDelta(run_id, current, list(shapes), previous, previous.generation, shapes, metadata)
 
     def commit(
         self,
@@ -391,6 +416,7 @@ class HistoryTracker(Generic[StoredT]):
         run.weights += [0] * added
         for position, value in stored.items():
             run.shapes[position] = delta.shapes[position]
+            run.metadata[position] = delta.metadata.get(position)
             values[position] = value
             if weights is not None:
                 size = weights.get(position, 0)
@@ -398,6 +424,7 @@ class HistoryTracker(Generic[StoredT]):
                 run.weights[position] = size
         tail = count - TAIL
         run.bases = {position: base for position, base in run.bases.items() if tail <= position < count}
+        run.metadata = {position: text for position, text in run.metadata.items() if tail <= position < count}
         if bases:
             run.bases.update((position, base) for position, base in bases.items() if tail <= position < count)
         run.messages = delta.messages
