@@ -433,7 +433,7 @@ def inside(m: dict[tuple[str, int], float | None], overhead: dict[tuple[str, int
     """Ours against the session and the floor run inside the agent, each timed inside its persistence
     layer (one fsync'd commit, allowed ours at `FULL`, from the `overhead` table). Ours leaves out
     pydantic-ai's dispatch of its hooks (row (a) there); the session pays for its own hand-off to a
-    worker thread."""
+    worker thread. A ratio judged against its target has three decimals: these sit near 1x."""
     print()
     for steps in STEPS:
         for ours, session, commit, level in (
@@ -446,13 +446,13 @@ def inside(m: dict[tuple[str, int], float | None], overhead: dict[tuple[str, int
             if commit is None:
                 verdict = 'met' if mine <= theirs else 'missed'
                 print(
-                    f'- {level} @{steps}: inside, ours / the session = {mine / theirs:.2f}x (target <= 1x): {verdict}'
+                    f'- {level} @{steps}: inside, ours / the session = {mine / theirs:.3f}x (target <= 1x): {verdict}'
                 )
             elif (one := overhead.get((commit, steps))) is not None:
                 verdict = 'met' if mine <= theirs + one else 'missed'
                 print(
                     f"- {level} @{steps}: inside, ours / (the session + one fsync'd commit) = "
-                    f'{mine / (theirs + one):.2f}x (target <= 1x): {verdict}'
+                    f'{mine / (theirs + one):.3f}x (target <= 1x): {verdict}'
                 )
     for steps in STEPS:
         for ours, floor, level in (
@@ -469,7 +469,7 @@ def inside(m: dict[tuple[str, int], float | None], overhead: dict[tuple[str, int
         # The floor's writes are the same at every step: what it grows by, the process does to any work.
         floor = f'; the floor inside the agent: {floor_high / floor_low:.2f}x' if floor_low and floor_high else ''
         print(
-            f'- ours NORMAL inside the hooks (no dispatch in it), 400 vs 100: {high / low:.2f}x '
+            f'- ours NORMAL inside the hooks (no dispatch in it), 400 vs 100: {high / low:.3f}x '
             f'(target <= 1.1x): {verdict}{floor}'
         )
 
