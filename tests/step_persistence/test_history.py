@@ -35,7 +35,6 @@ from pydantic_ai_steps.store import patch as patch_module
 from pydantic_ai_steps.store.history import (
     TAIL,
     HistoryTracker,
-    LogEntry,
     MessageAdapter,
     content_digest,
     digest_after,
@@ -43,8 +42,8 @@ from pydantic_ai_steps.store.history import (
     parts_hash,
     request_tail,
     request_to_json,
-    resolve_history,
 )
+from pydantic_ai_steps.store.log_entries import LogEntry, resolve_history
 from pydantic_ai_steps.store.message_log import MessageLog, PreparedSnapshot
 from pydantic_ai_steps.store.patch import PATCH_PREFIX, apply_patch, is_patch, make_patch, patch_base_index, restamp
 from pydantic_ai_steps.testing._strategies import message_strategy

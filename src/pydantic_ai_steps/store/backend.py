@@ -50,7 +50,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from .._errors import InvalidRecordError
 from .._records import RunQuery, RunStatus, SnapshotState
 from .codec import RESOLUTION_FIELDS, Encoding, Row
-from .history import LogEntry
+from .log_entries import LogEntry
 
 __all__ = [
     'RESOLUTION_FIELDS',

@@ -31,7 +31,7 @@ from ..media._uri import MEDIA_URI_PREFIX
 from . import codec
 from ._media_puts import BLOB_MEMO_SECONDS, forget_collected
 from .backend import Backend, Damaged
-from .history import LogEntry
+from .log_entries import LogEntry
 from .message_log import MessageLog
 from .patch import is_patch, patch_base_index
 

@@ -4,7 +4,7 @@ Writing (`prepare`): find the candidate messages (`HistoryTracker`), serialize o
 ones whose content is unchanged, move large payloads to the media store, store a changed version
 as a patch of the position's previous full text when that is much smaller. The result is a list
 of `(position, text)` appends for the backend. Reading (`load`): the kernel resolves patches
-(`history.resolve_log`); this module restores media in the texts that carry markers and rebuilds
+(`log_entries.resolve_log`); this module restores media in the texts that carry markers and rebuilds
 the messages. See `history` for the log layout.
 """
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .._records import ContinuableSnapshot, RunQuery, RunRecord, RunStatus, StepEvent, ToolEffectRecord
 from . import codec
 from .backend import Backend, Damaged, LogSlice, SnapshotRow
-from .history import resolve_log
+from .log_entries import resolve_log
 from .record_checks import checked_query
 
 if TYPE_CHECKING:
