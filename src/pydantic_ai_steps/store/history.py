@@ -31,9 +31,10 @@ version spelled as references into an earlier full text of the same position (`s
 has the format). Writers keep the last full text of the newest positions in memory
 (`PatchBase`, `TAIL` positions per run), so patching never reads the store; readers resolve a
 patch against its base entry (`log_entries`), which lies below it in the same log and position,
-so every reader that loads a snapshot's entries loads the base too. A stamped request whose parts are those its
-base was serialized from is not serialized again: its text is the base's `parts` member and its
-own other fields (`PatchBase.restamped`), the tool results being what costs to serialize.
+so every reader that loads a snapshot's entries loads the base too. A stamped request whose parts
+are those its base was serialized from is not serialized again: its text is the base's `parts`
+member and its own other fields (`PatchBase.restamped`), the tool results being what costs to
+serialize.
 """
 
 from __future__ import annotations
@@ -284,7 +285,7 @@ class RunHistory(Generic[StoredT]):
     bases: dict[int, PatchBase] = field(default_factory=dict[int, PatchBase])
     """The newest full text per position, for the last `TAIL` positions only (the ones still stamped)."""
     metadata: dict[int, object] = field(default_factory=dict[int, object])
-    """`_metadata_text` of the stored version, for those of the last `TAIL` positions that have metadata."""
+    """`_metadata_text` of the stored version of each of the last `TAIL` positions (`None`: no metadata)."""
     weights: list[int] = field(default_factory=list[int])
     """Roughly how many bytes each position's message holds alive (its text, its binary payloads)."""
     weight: int = 0
@@ -306,7 +307,7 @@ class HistoryDelta(Generic[StoredT]):
     shapes: dict[int, list[object]] = field(default_factory=dict[int, list[object]])
     """`_shape` of each candidate, taken before it is serialized: what a later change is judged against."""
     metadata: dict[int, object] = field(default_factory=dict[int, object])
-    """`_metadata_text` of each candidate that has metadata, taken with its shape."""
+    """`_metadata_text` of each candidate (`None`: no metadata), taken with its shape."""
 
     def stored_at(self, position: int) -> StoredT | None:
         if self.previous is None or position >= len(self.previous.stored):
