@@ -63,12 +63,14 @@ def might_need_externalizing(json_text: str, threshold_bytes: int) -> bool:
     """
     if mentions_reserved_key(json_text):
         return True
+    length = len(json_text)
+    if length * 4 < threshold_bytes:  # no key needs looking for: even 4-byte characters fall short
+        return False
     if '"data"' not in json_text and '"content"' not in json_text:
         return False
-    length = len(json_text)
     if length >= threshold_bytes:
         return _holds_a_long_string(json_text, threshold_bytes)
-    if length * 4 < threshold_bytes or json_text.isascii():
+    if json_text.isascii():
         return False
     return len(json_text.encode('utf-8', 'surrogatepass')) >= threshold_bytes
 
