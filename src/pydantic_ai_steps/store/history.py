@@ -266,7 +266,11 @@ class PatchBase:
         if self.parts is None or not self.text.startswith(_PARTS_FIRST) or not _same(self.parts, part_values(request)):
             return None
         tail = request_tail(request)
-        restamped = restamp(self.index, self.text, tail, self.split) if tail is not None else None
+        restamped = (
+            restamp(self.index, self.text, tail, self.split, serialized=self.split is not None)
+            if tail is not None
+            else None
+        )
         if tail is None or restamped is None:
             return None
         text, patch = restamped

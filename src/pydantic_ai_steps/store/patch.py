@@ -35,6 +35,8 @@ _STRING = r'"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]
 _SCALAR = rf'(?:{_STRING}|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null)'
 _FLAT_MEMBER = re.compile(rf',({_STRING}:{_SCALAR})')
 """One member of a request's tail whose value is a string, number or literal: found in one C pass."""
+_NOT_SPLIT = ('{', '[', ',",', ',":', '\x00')
+"""What keeps `serialized_scalar_members` from splitting a tail at every `,"`."""
 
 
 def is_patch(text: str) -> bool:
@@ -75,14 +77,17 @@ def make_patch(base_index: int, base: str, text: str) -> str | None:
     return PATCH_PREFIX + ','.join(ops) + ']}'
 
 
-def restamp(base_index: int, base: str, tail: str, split: int | None = None) -> tuple[str, str] | None:
+def restamp(
+    base_index: int, base: str, tail: str, split: int | None = None, *, serialized: bool = False
+) -> tuple[str, str] | None:
     """`base` with every member after its first replaced by `tail`, and that text as a patch of `base`.
 
     `tail` is `,"key":value,...}`: what a message re-stamped in its later fields serializes to
     after its unchanged first member (a request's `parts`), which is then not serialized again.
     `split` is where that first member ends in `base`, when the writer of `base` knows it;
     otherwise the first member's value is scanned to find it (parsed, never split: the cost of a
-    large tool result). `None` unless both are compact JSON.
+    large tool result). `None` unless both are compact JSON; `serialized` says the caller knows
+    they are (pydantic wrote both), so their members are split without being checked.
     """
     if is_patch(base) or not base.startswith('{"') or not tail.startswith(','):
         return None
@@ -94,8 +99,8 @@ def restamp(base_index: int, base: str, tail: str, split: int | None = None) -> 
             split = _scan(base, colon + 1)[1]
         if not base.startswith((',', '}'), split):
             return None
-        old = _tail_members(base[split:]) if base.startswith(',', split) else []
-        new = _tail_members(tail)
+        old = _tail_members(base[split:], serialized) if base.startswith(',', split) else []
+        new = _tail_members(tail, serialized)
     except (ValueError, RecursionError, StopIteration):
         return None
     # Member i of the new tail is copied when the base spells the same member at the same place (the
@@ -116,9 +121,27 @@ def scalar_members(tail: str) -> list[str] | None:
     return None
 
 
-def _tail_members(tail: str) -> list[str]:
+def serialized_scalar_members(tail: str) -> list[str] | None:
+    """`scalar_members` of a tail pydantic serialized (compact, valid JSON), by splitting, unchecked.
+
+    Without a brace or bracket anywhere, every value is a scalar, and an unescaped `,"` starts a
+    member unless it closes a string ending in a comma: then a `,"` is followed by `,` or `:`, or
+    ends the tail, and the tail is left to `scalar_members`. A raw NUL cannot occur in JSON text.
+    """
+    if (
+        not tail.startswith(',"')
+        or not tail.endswith('}')
+        or tail.endswith(',"}')
+        or any(mark in tail for mark in _NOT_SPLIT)
+    ):
+        return None
+    return tail[1:-1].replace(',"', '\x00"').split('\x00')
+
+
+def _tail_members(tail: str, serialized: bool = False) -> list[str]:
     """The raw members of `,"key":value,...}`; a tail holding an object (`metadata`) is scanned."""
-    found = scalar_members(tail)
+    found = serialized_scalar_members(tail) if serialized else None
+    found = found if found is not None else scalar_members(tail)
     return found if found is not None else [raw for _, raw, _ in _members('{' + tail[1:])]
 
 
