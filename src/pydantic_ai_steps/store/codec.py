@@ -133,9 +133,9 @@ class Encoding:
         """Aware times are stored in UTC, so stored text sorts in time order."""
         if value is None:
             return None
-        if value.tzinfo is not None and value.tzinfo is not UTC:
-            value = value.astimezone(UTC)
-        return value if self.native_times else value.isoformat()
+        if not self.native_times:
+            return _utc_text(value)
+        return value.astimezone(UTC) if value.tzinfo is not None and value.tzinfo is not UTC else value
 
     def map(self, value: Mapping[str, Any]) -> Any:
         if self.native_maps:
@@ -225,6 +225,23 @@ class Encoding:
             for key, value in row.items()
             if key not in _LATER_FIELDS or (value is not None and value != {} and value != _EMPTY_MAP)
         }
+
+
+_RECENT_TEXTS: dict[int, tuple[datetime, str]] = {}
+"""The ISO text of the last few times formatted, by identity: a tool call's start is written three
+times (its event, its `started` entry, its closed entry), as one `datetime` object."""
+_RECENT_LIMIT = 16
+
+
+def _utc_text(value: datetime) -> str:
+    recent = _RECENT_TEXTS.get(id(value))
+    if recent is not None and recent[0] is value:  # the entry keeps `value` alive: its id is not reused
+        return recent[1]
+    text = (value.astimezone(UTC) if value.tzinfo is not None and value.tzinfo is not UTC else value).isoformat()
+    if len(_RECENT_TEXTS) >= _RECENT_LIMIT:
+        _RECENT_TEXTS.clear()
+    _RECENT_TEXTS[id(value)] = (value, text)
+    return text
 
 
 TEXT = Encoding()
