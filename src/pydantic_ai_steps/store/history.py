@@ -127,9 +127,9 @@ def request_to_json(request: ModelRequest) -> tuple[str, int]:
     return text, len(_REQUESTS.dump_json([request], include=_PARTS)[1:-2].decode())
 
 
-def part_values(message: ModelMessage, values: list[object] | None = None) -> list[object]:
-    """References to everything the framework reassigns on a message's parts, appended to `values`."""
-    values = [] if values is None else values
+def part_values(message: ModelMessage) -> list[object]:
+    """References to everything the framework reassigns on a message's parts."""
+    values: list[object] = []
     for part in message.parts:
         values += field_values(part)
     return values
@@ -204,7 +204,10 @@ def stored_digest(text: str) -> bytes:
 
 def _shape(message: ModelMessage) -> list[object]:
     """References to everything the framework reassigns on a message or its parts, in one list."""
-    return part_values(message, list(field_values(message)))
+    values = list(field_values(message))
+    for part in message.parts:
+        values += field_values(part)
+    return values
 
 
 def _metadata_text(message: ModelMessage) -> object:
