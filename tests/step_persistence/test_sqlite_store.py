@@ -758,3 +758,17 @@ async def test_deleting_half_the_runs_gives_their_space_back(tmp_path: Path) -> 
     await reopened.aclose()
     assert size() <= 0.6 * before
     assert query(database, 'PRAGMA freelist_count') == [(0,)]
+
+
+def test_times_encode_as_their_own_utc_text_when_objects_are_reused_and_their_ids_are_recycled() -> None:
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from pydantic_ai_steps.store.codec import TEXT
+
+    paris = timezone(timedelta(hours=1))
+    kept = datetime(2026, 1, 1, 12, tzinfo=paris)
+    for second in range(200):  # each time freed at once: later ones often get its id
+        moment = datetime(2026, 1, 1, 0, 0, second % 60, second, tzinfo=UTC if second % 2 else paris)
+        assert TEXT.time(moment) == moment.astimezone(UTC).isoformat()
+        assert TEXT.time(kept) == '2026-01-01T11:00:00+00:00'
+    assert TEXT.time(datetime(2026, 1, 1)) == '2026-01-01T00:00:00'  # naive: as given
