@@ -133,9 +133,7 @@ class Encoding:
         """Aware times are stored in UTC, so stored text sorts in time order."""
         if value is None:
             return None
-        if not self.native_times:
-            return _utc_text(value)
-        return value.astimezone(UTC) if value.tzinfo is not None and value.tzinfo is not UTC else value
+        return _utc_text(value) if not self.native_times else _in_utc(value)
 
     def map(self, value: Mapping[str, Any]) -> Any:
         if self.native_maps:
@@ -233,11 +231,15 @@ times (its event, its `started` entry, its closed entry), as one `datetime` obje
 _RECENT_LIMIT = 16
 
 
+def _in_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC) if value.tzinfo is not None and value.tzinfo is not UTC else value
+
+
 def _utc_text(value: datetime) -> str:
     recent = _RECENT_TEXTS.get(id(value))
-    if recent is not None and recent[0] is value:  # the entry keeps `value` alive: its id is not reused
+    if recent is not None:  # its entry keeps the object alive, so no other object has its id
         return recent[1]
-    text = (value.astimezone(UTC) if value.tzinfo is not None and value.tzinfo is not UTC else value).isoformat()
+    text = _in_utc(value).isoformat()
     if len(_RECENT_TEXTS) >= _RECENT_LIMIT:
         _RECENT_TEXTS.clear()
     _RECENT_TEXTS[id(value)] = (value, text)
