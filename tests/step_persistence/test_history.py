@@ -1029,17 +1029,18 @@ def test_a_serialized_tail_splits_without_a_check_into_the_scanners_members(
     data: st.DataObject, value: dict[str, Any]
 ) -> None:
     """The unchecked split of a tail pydantic wrote finds the scanner's members, or declines (an
-    object, an array or a bracket anywhere, or a string ending in a comma), never other ones."""
+    object, an array or a bracket anywhere, a string ending in a comma, a key starting with a
+    comma or a colon), never other ones."""
     members = [data.draw(raw_json(key)) + ':' + data.draw(raw_json(item)) for key, item in value.items()]
     tail = ''.join(',' + member for member in members) + '}'
     split = patch_module.serialized_scalar_members(tail)
     assert split is None or split == _split_by_the_scanner(tail)
-    if not any(mark in tail for mark in '{[') and not any(',"' in member for member in members):
+    if not any(mark in tail for mark in ('{', '[', ',",', ',":')) and not any(',"' in member for member in members):
         assert split == _split_by_the_scanner(tail)
 
 
 def test_a_serialized_tail_with_a_string_ending_in_a_comma_is_left_to_the_scanner() -> None:
-    for tail in (',"a":"x,","b":1}', ',"a":"x,"}', ',"a,":1}'):
+    for tail in (',"a":"x,","b":1}', ',"a":"x,"}', ',"a,":1}', ',":":null}', ',",0":null}'):
         assert patch_module.serialized_scalar_members(tail) is None
         assert _split_in_one_pass(tail) == _split_by_the_scanner(tail)
 
