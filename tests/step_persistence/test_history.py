@@ -169,6 +169,20 @@ def test_the_tracker_reads_messages_without_giving_them_a_dict() -> None:
     assert not any(map(_holds_a_dict_of_its_own, touched))
 
 
+def test_a_part_with_a_field_never_assigned_is_tracked_by_its_attributes() -> None:
+    """A part whose field was never assigned (or was deleted) has no value to read by name: its
+    attributes stand in, and a later change of them still makes its message a candidate."""
+    messages = history(2 * TAIL)
+    part = messages[-1].parts[0]
+    assert isinstance(part, TextPart)
+    del part.content  # a field without a class default
+    tracker: HistoryTracker[int] = HistoryTracker()
+    assert commit_all(tracker, 'r', messages) == list(range(2 * TAIL))
+    assert commit_all(tracker, 'r', messages) == []
+    part.id = 'changed'
+    assert commit_all(tracker, 'r', messages) == [2 * TAIL - 1]
+
+
 def test_a_shorter_history_keeps_what_it_shares() -> None:
     tracker: HistoryTracker[int] = HistoryTracker()
     messages = history(30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 
 from pydantic_ai.messages import (
@@ -58,7 +59,7 @@ class ProviderValidity:
 
     def check(self, messages: Sequence[ModelMessage]) -> bool:
         known = len(self._prefix)
-        if known and len(messages) >= known and _same_prefix(messages[:known], self._prefix):
+        if known and len(messages) >= known and _same_prefix(messages, self._prefix):
             start, open_calls = known, set(self._open_after_prefix)
         else:
             start, open_calls = 0, set[str]()
@@ -75,16 +76,18 @@ class ProviderValidity:
         return remaining is not None and not remaining
 
 
-def _same_prefix(head: Sequence[ModelMessage], prefix: list[ModelMessage]) -> bool:
-    """Whether `head` answers the same calls as `prefix`: equal messages do.
+def _same_prefix(messages: Sequence[ModelMessage], prefix: list[ModelMessage]) -> bool:
+    """Whether `messages` starts with messages that answer the same calls as `prefix`: equal ones do.
 
-    Compared as lists, in C: identical items (the rule) without calling `__eq__`. Messages that are
-    equal copies compare their fields, tool results included, whose `__eq__` is the caller's and
-    may raise (an array's ambiguous truth value): that counts as different, and the check starts
-    over.
+    The same objects (the rule) are found in one pass in C, copying nothing. Otherwise the head is
+    compared as a list: messages that are equal copies compare their fields, tool results
+    included, whose `__eq__` is the caller's and may raise (an array's ambiguous truth value):
+    that counts as different, and the check starts over.
     """
+    if all(map(operator.is_, prefix, messages)):
+        return True
     try:
-        return head == prefix
+        return messages[: len(prefix)] == prefix
     except Exception:
         return False
 

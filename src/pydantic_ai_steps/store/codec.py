@@ -133,7 +133,10 @@ class Encoding:
         """Aware times are stored in UTC, so stored text sorts in time order."""
         if value is None:
             return None
-        return _utc_text(value) if not self.native_times else _in_utc(value)
+        if self.native_times:
+            return _in_utc(value)
+        recent = _RECENT_TEXTS.get(id(value))
+        return recent[1] if recent is not None else _utc_text(value)
 
     def map(self, value: Mapping[str, Any]) -> Any:
         if self.native_maps:
@@ -236,9 +239,8 @@ def _in_utc(value: datetime) -> datetime:
 
 
 def _utc_text(value: datetime) -> str:
-    recent = _RECENT_TEXTS.get(id(value))
-    if recent is not None:  # its entry keeps the object alive, so no other object has its id
-        return recent[1]
+    """A time's ISO text in UTC, remembered: an entry keeps its object alive, so no other object
+    can have its id while the entry is looked up by it."""
     text = _in_utc(value).isoformat()
     if len(_RECENT_TEXTS) >= _RECENT_LIMIT:
         _RECENT_TEXTS.clear()

@@ -130,30 +130,26 @@ def request_to_json(request: ModelRequest) -> tuple[str, int]:
 def part_values(message: ModelMessage) -> list[object]:
     """References to everything the framework reassigns on a message's parts."""
     values: list[object] = []
-    for part in message.parts:
-        values += field_values(part)
+    try:
+        for part in message.parts:
+            values += _READERS[type(part)](part)
+    except AttributeError:  # a field never assigned
+        return [value for part in message.parts for value in field_values(part)]
     return values
 
 
-_READERS: dict[type, Callable[[Any], tuple[object, ...]]] = {}
-
-
-def field_values(value: object) -> tuple[object, ...]:
-    """References to the values of an object's dataclass fields (what serializes), read by name.
+class _Readers(dict[type, Callable[[Any], tuple[object, ...]]]):
+    """Per class, a function reading the values of its dataclass fields (what serializes), by name.
 
     Not `vars()`: asked for its `__dict__`, a CPython object trades the attribute values it keeps
     inline for a dict of its own, and every later attribute read of it takes the slow path. The
     history tracker looks at every message once, and pydantic-ai reads every message of the
-    history at every step.
+    history at every step. A reader raises `AttributeError` for a field never assigned.
     """
-    cls = type(value)
-    read = _READERS.get(cls)
-    if read is None:
-        read = _READERS[cls] = _reader(cls)
-    try:
-        return read(value)
-    except AttributeError:  # a field never assigned
-        return _attributes(value)
+
+    def __missing__(self, cls: type) -> Callable[[Any], tuple[object, ...]]:
+        read = self[cls] = _reader(cls)
+        return read
 
 
 def _reader(cls: type) -> Callable[[Any], tuple[object, ...]]:
@@ -164,6 +160,17 @@ def _reader(cls: type) -> Callable[[Any], tuple[object, ...]]:
         (name,) = names
         return lambda value: (getattr(value, name),)
     return _attributes
+
+
+_READERS = _Readers()
+
+
+def field_values(value: object) -> tuple[object, ...]:
+    """References to the values of an object's dataclass fields (its attributes, if one was never assigned)."""
+    try:
+        return _READERS[type(value)](value)
+    except AttributeError:  # a field never assigned
+        return _attributes(value)
 
 
 def _attributes(value: object) -> tuple[object, ...]:
@@ -205,8 +212,7 @@ def stored_digest(text: str) -> bytes:
 def _shape(message: ModelMessage) -> list[object]:
     """References to everything the framework reassigns on a message or its parts, in one list."""
     values = list(field_values(message))
-    for part in message.parts:
-        values += field_values(part)
+    values += part_values(message)
     return values
 
 
@@ -240,9 +246,12 @@ one that assigned into an old message's fields in place would not be, so don't.
 StoredT = TypeVar('StoredT')
 
 
-@dataclass(frozen=True)
+@dataclass
 class PatchBase:
-    """A full message text the log holds at `index`: what a later version of its position can patch."""
+    """A full message text the log holds at `index`: what a later version of its position can patch.
+
+    Not frozen (a frozen dataclass sets each field through `object.__setattr__`): a boundary makes
+    one per message it writes in full, and nothing changes one after it is made."""
 
     index: int
     text: str
@@ -414,7 +423,14 @@ class HistoryTracker(Generic[StoredT]):
         else:
             self._weight -= run.weight
         count = len(delta.messages)
+        tail = count - TAIL
         values = cast('list[StoredT | None]', run.stored)
+        # `bases` and `metadata` hold only positions of the last write's window (its last `TAIL`);
+        # those that leave it go (as a rule the two oldest), so a boundary never walks the history.
+        for position in range(max(0, len(values) - TAIL), len(values)):
+            if not tail <= position < count:
+                run.bases.pop(position, None)
+                run.metadata.pop(position, None)
         if len(values) > count:
             run.weight -= sum(run.weights[count:])
             del run.shapes[count:], values[count:], run.weights[count:]
@@ -424,17 +440,17 @@ class HistoryTracker(Generic[StoredT]):
         run.weights += [0] * added
         for position, value in stored.items():
             run.shapes[position] = delta.shapes[position]
-            run.metadata[position] = delta.metadata.get(position)
             values[position] = value
+            if position >= tail:
+                run.metadata[position] = delta.metadata.get(position)
             if weights is not None:
                 size = weights.get(position, 0)
                 run.weight += size - run.weights[position]
                 run.weights[position] = size
-        tail = count - TAIL
-        run.bases = {position: base for position, base in run.bases.items() if tail <= position < count}
-        run.metadata = {position: text for position, text in run.metadata.items() if tail <= position < count}
         if bases:
-            run.bases.update((position, base) for position, base in bases.items() if tail <= position < count)
+            for position, base in bases.items():
+                if tail <= position < count:
+                    run.bases[position] = base
         run.messages = delta.messages
         run.log_size = log_size
         run.generation += 1

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 from ...._errors import RunAlreadyExistsError, RunNotFoundError
 from ...._records import RunQuery
@@ -26,6 +27,8 @@ _MEMORY = ':memory:'
 _STEP_STORE_RUN_COLUMNS = frozenset({'run_id', 'started_at'})
 """Columns the `runs` table has in every layout (this package's and the upstream package's)."""
 _CHUNK = 500
+_values: Callable[[Row], Collection[object]] = dict[str, Any].values
+"""A row's values in column order, mapped over rows in C."""
 
 _INSERT_EVENT = Insert('events', EVENT_FIELDS, ON_KEY_CONFLICT)
 _UPSERT_EFFECT = Insert(
@@ -85,9 +88,9 @@ class SqliteBackend(SqliteConnection):
                         raise RunNotFoundError(run_id)
                 outcome = self._write_snapshot(conn, batch) if batch.snapshot is not None else None
                 if batch.tool_effects:
-                    _UPSERT_EFFECT.executemany(conn, [row.values() for row in batch.tool_effects])
+                    _UPSERT_EFFECT.executemany(conn, map(_values, batch.tool_effects))
                 if batch.events:
-                    _INSERT_EVENT.executemany(conn, [row.values() for row in batch.events])
+                    _INSERT_EVENT.executemany(conn, map(_values, batch.events))
                 for closing in batch.closings:
                     conn.execute(
                         'UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ?',

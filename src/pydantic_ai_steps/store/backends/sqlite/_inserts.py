@@ -49,8 +49,11 @@ class Insert:
         whose `None`s sit in the same columns."""
         stretch: list[tuple[object, ...]] = []
         stretch_bound: tuple[bool, ...] = ()
+        nones = self._nones
         for row in rows:
-            bound = self._bound(row)
+            if len(row) != len(nones):
+                raise self._width_error(row)
+            bound = tuple(map(operator.is_not, row, nones))
             if bound != stretch_bound and stretch:
                 conn.executemany(self.statement(stretch_bound), stretch)
                 stretch = []
@@ -60,10 +63,13 @@ class Insert:
             conn.executemany(self.statement(stretch_bound), stretch)
 
     def _bound(self, row: Collection[object]) -> tuple[bool, ...]:
-        """Which of the row's values are bound (not `None`); a row of another width is refused, as
-        SQLite refuses a statement given too few or too many parameters."""
+        """Which of the row's values are bound (not `None`)."""
         if len(row) != len(self._nones):
-            raise sqlite3.ProgrammingError(
-                f'{len(row)} values given for the {len(self._nones)} columns of an insert into {self._table}'
-            )
+            raise self._width_error(row)
         return tuple(map(operator.is_not, row, self._nones))
+
+    def _width_error(self, row: Collection[object]) -> sqlite3.ProgrammingError:
+        """A row of another width is refused, as SQLite refuses a statement given too few or too many parameters."""
+        return sqlite3.ProgrammingError(
+            f'{len(row)} values given for the {len(self._nones)} columns of an insert into {self._table}'
+        )
