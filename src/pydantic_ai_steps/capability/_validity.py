@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Sequence
 
 from pydantic_ai.messages import (
@@ -59,7 +58,7 @@ class ProviderValidity:
 
     def check(self, messages: Sequence[ModelMessage]) -> bool:
         known = len(self._prefix)
-        if known and len(messages) >= known and _same_prefix(messages, self._prefix):
+        if known and len(messages) >= known and _same_prefix(messages[:known], self._prefix):
             start, open_calls = known, set(self._open_after_prefix)
         else:
             start, open_calls = 0, set[str]()
@@ -76,18 +75,16 @@ class ProviderValidity:
         return remaining is not None and not remaining
 
 
-def _same_prefix(messages: Sequence[ModelMessage], prefix: list[ModelMessage]) -> bool:
-    """Whether `messages` starts with messages that answer the same calls as `prefix`: equal ones do.
+def _same_prefix(head: Sequence[ModelMessage], prefix: list[ModelMessage]) -> bool:
+    """Whether `head` answers the same calls as `prefix`: equal messages do.
 
-    The same objects (the rule) are found in one pass in C, copying nothing. Otherwise the head is
-    compared as a list: messages that are equal copies compare their fields, tool results
-    included, whose `__eq__` is the caller's and may raise (an array's ambiguous truth value):
-    that counts as different, and the check starts over.
+    Compared as lists, in C: identical items (the rule) without calling `__eq__`. Messages that are
+    equal copies compare their fields, tool results included, whose `__eq__` is the caller's and
+    may raise (an array's ambiguous truth value): that counts as different, and the check starts
+    over.
     """
-    if all(map(operator.is_, prefix, messages)):
-        return True
     try:
-        return messages[: len(prefix)] == prefix
+        return head == prefix
     except Exception:
         return False
 
