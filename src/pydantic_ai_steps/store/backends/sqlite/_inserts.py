@@ -49,11 +49,8 @@ class Insert:
         whose `None`s sit in the same columns."""
         stretch: list[tuple[object, ...]] = []
         stretch_bound: tuple[bool, ...] = ()
-        nones = self._nones
         for row in rows:
-            if len(row) != len(nones):
-                raise self._width_error(row)
-            bound = tuple(map(operator.is_not, row, nones))
+            bound = self._bound(row)
             if bound != stretch_bound and stretch:
                 conn.executemany(self.statement(stretch_bound), stretch)
                 stretch = []
@@ -63,13 +60,10 @@ class Insert:
             conn.executemany(self.statement(stretch_bound), stretch)
 
     def _bound(self, row: Collection[object]) -> tuple[bool, ...]:
-        """Which of the row's values are bound (not `None`)."""
+        """Which of the row's values are bound (not `None`); a row of another width is refused, as
+        SQLite refuses a statement given too few or too many parameters."""
         if len(row) != len(self._nones):
-            raise self._width_error(row)
+            raise sqlite3.ProgrammingError(
+                f'{len(row)} values given for the {len(self._nones)} columns of an insert into {self._table}'
+            )
         return tuple(map(operator.is_not, row, self._nones))
-
-    def _width_error(self, row: Collection[object]) -> sqlite3.ProgrammingError:
-        """A row of another width is refused, as SQLite refuses a statement given too few or too many parameters."""
-        return sqlite3.ProgrammingError(
-            f'{len(row)} values given for the {len(self._nones)} columns of an insert into {self._table}'
-        )
