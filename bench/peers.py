@@ -437,22 +437,21 @@ FLOOR_RATIO = 1.3
 """What the issue allows ours over the floor where a target lies below the floor itself."""
 
 
-def below_floor(target: float, floor: float | None) -> bool:
-    """Whether a target lies below the floor inside the agent (a floor at or below zero is noise)."""
-    return floor is not None and floor > 0 and target < floor
-
-
-def verdict(ours: float, target: float, floor: float | None) -> str:
-    """`met` or `missed` against `target`; where the target is below the floor inside the agent,
-    against `FLOOR_RATIO` times that floor, saying so."""
-    if floor is not None and below_floor(target, floor):
-        judged = 'met' if ours <= FLOOR_RATIO * floor else 'missed'
-        plain = 'met' if ours <= target else 'missed'
+def verdict(ours: float, target: float, floor: float | None, *, with_ratio: bool = False) -> str:
+    """`met` or `missed` against `target`. Where the target is below the floor inside the agent, also
+    against `FLOOR_RATIO` times that floor, saying so; else ours over that floor when `with_ratio`.
+    A floor at or below zero is noise, and judges nothing."""
+    plain = 'met' if ours <= target else 'missed'
+    if floor is None or floor <= 0:
+        return plain
+    ratio = ours / floor
+    if target < floor:
+        judged = 'met' if ratio <= FLOOR_RATIO else 'missed'
         return (
             f'{plain}; the target is below the floor inside the agent ({floor * 1000:.2f} ms), so it becomes '
-            f'<= {FLOOR_RATIO}x it: ours / that floor {ours / floor:.2f}x, {judged}'
+            f'<= {FLOOR_RATIO}x it: ours / that floor {ratio:.2f}x, {judged}'
         )
-    return 'met' if ours <= target else 'missed'
+    return f'{plain}; ours / the floor inside the agent {ratio:.2f}x' if with_ratio else plain
 
 
 def inside(m: dict[tuple[str, int], float | None], overhead: dict[tuple[str, int], float | None]) -> None:
@@ -489,13 +488,13 @@ def inside(m: dict[tuple[str, int], float | None], overhead: dict[tuple[str, int
                 print(f'- {level} @{steps}: inside the hooks, ours / the floor inside the agent = {mine / least:.2f}x')
     low, high = m.get((OURS_NORMAL, 100)), m.get((OURS_NORMAL, 400))
     if low and high is not None:
-        judged = 'met' if high / low <= 1.1 else 'missed'
+        growth = 'met' if high / low <= 1.1 else 'missed'
         floor_low, floor_high = m.get((FLOOR_INSIDE_NORMAL, 100)), m.get((FLOOR_INSIDE_NORMAL, 400))
         # The floor's writes are the same at every step: what it grows by, the process does to any work.
         floor = f'; the floor inside the agent: {floor_high / floor_low:.2f}x' if floor_low and floor_high else ''
         print(
             f'- ours NORMAL inside the hooks (no dispatch in it), 400 vs 100: {high / low:.3f}x '
-            f'(target <= 1.1x): {judged}{floor}'
+            f'(target <= 1.1x): {growth}{floor}'
         )
 
 
@@ -503,25 +502,20 @@ def targets(m: dict[tuple[str, int], float | None]) -> None:
     def ms(value: float | None) -> str:
         return '-' if value is None else f'{value * 1000:.2f}'
 
-    def judged(ours: float, target: float, floor: float | None) -> str:
-        """The verdict, with ours over the floor inside the agent when the verdict does not give it."""
-        if below_floor(target, floor) or floor is None or floor <= 0:
-            return verdict(ours, target, floor)
-        return f'{verdict(ours, target, floor)}; ours / the floor inside the agent {ours / floor:.2f}x'
-
     print('Targets (medians of this run):')
     for steps in STEPS:
         ours, session = m.get((OURS_NORMAL, steps)), m.get((OA_NORMAL, steps))
         floor = m.get((FLOOR_INSIDE_NORMAL, steps))
         if ours is not None and session is not None:
-            print(f'- NORMAL @{steps}: ours {ms(ours)} vs session {ms(session)} ms: {judged(ours, session, floor)}')
+            judged = verdict(ours, session, floor, with_ratio=True)
+            print(f'- NORMAL @{steps}: ours {ms(ours)} vs session {ms(session)} ms: {judged}')
         ours, session, commit = m.get((OURS_FULL, steps)), m.get((OA_FULL, steps)), m.get((COMMIT_FULL, steps))
         floor = m.get((FLOOR_INSIDE_FULL, steps))
         if ours is not None and session is not None and commit is not None:
             allowed = session + commit
             print(
                 f"- FULL @{steps}: ours {ms(ours)} vs session + one fsync'd commit "
-                f'{ms(session)} + {ms(commit)} = {ms(allowed)} ms: {judged(ours, allowed, floor)}'
+                f'{ms(session)} + {ms(commit)} = {ms(allowed)} ms: {verdict(ours, allowed, floor, with_ratio=True)}'
             )
     low, high = m.get((OURS_MINUS_EMPTY, 100)), m.get((OURS_MINUS_EMPTY, 400))
     if low and high is not None:
