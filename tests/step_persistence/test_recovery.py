@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart, UserPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import (
@@ -101,6 +110,34 @@ async def test_a_delegate_records_the_tool_call_that_started_it() -> None:
     assert delegate.parent_tool_call_id == 'call-77' and delegate.agent_name == 'billing'
     started = [e for e in await store.list_events(run_id=record.run_id) if e.kind == 'tool_call_started']
     assert started[0].tool_args == '{"question":"refund?"}'
+
+
+async def test_a_run_started_outside_any_tool_of_its_parent_names_no_tool_call() -> None:
+    """A delegate's model starts a run of its own: that run's parent is the delegate, and no call
+    of the delegate started it (the call in progress two levels up is the grandparent's)."""
+    store = InMemoryStepStore()
+    summarizer = Agent(scripted('summary'), capabilities=[StepPersistence(store=store, agent_name='summarizer')])
+
+    async def librarian_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        await summarizer.run('summarise')
+        return ModelResponse(parts=[TextPart('answer')])
+
+    librarian = Agent(FunctionModel(librarian_model), capabilities=[StepPersistence(store=store, agent_name='lib')])
+    orchestrator = Agent(
+        scripted([call('ask', 'call-1', question='q')], 'done'),
+        capabilities=[StepPersistence(store=store, agent_name='orchestrator')],
+    )
+
+    @orchestrator.tool_plain
+    async def ask(question: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        return (await librarian.run(question)).output
+
+    await orchestrator.run('go')
+    runs = {run.agent_name: run for run in await store.list_runs()}
+    assert runs['lib'].parent_run_id == runs['orchestrator'].run_id
+    assert runs['lib'].parent_tool_call_id == 'call-1'
+    assert runs['summarizer'].parent_run_id == runs['lib'].run_id
+    assert runs['summarizer'].parent_tool_call_id is None
 
 
 async def test_only_the_run_given_the_returned_history_records_its_origin() -> None:

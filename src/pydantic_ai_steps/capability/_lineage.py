@@ -13,16 +13,25 @@ from . import _context
 from ._histories import origin_of
 
 
-def parent_of(explicit: str | None) -> str | None:
-    """`explicit`, else the persisted run in progress around this one (a delegate agent's parent).
+def parent_of(explicit: str | None) -> tuple[str | None, str | None]:
+    """The parent run and the tool call of it that started this run: `explicit`, else the persisted
+    run in progress around this one (a delegate agent's parent).
 
-    Only `explicit` can name a parent in another process.
+    Only `explicit` can name a parent in another process. The tool call is the one in progress
+    where this run starts; a run resets it for its own duration (`StepPersistence.wrap_run`), so a
+    run its model or a history processor starts names no call of the grandparent.
     """
-    return explicit if explicit is not None else _context.current_run_id()
+    parent = explicit if explicit is not None else _context.current_run_id()
+    return parent, _context.current_tool_call_id.get() if parent is not None else None
 
 
 def run_record(
-    ctx: RunContext[Any], run_id: str, parent_run_id: str | None, agent_name: str | None, metadata: dict[str, str]
+    ctx: RunContext[Any],
+    run_id: str,
+    parent_run_id: str | None,
+    parent_tool_call_id: str | None,
+    agent_name: str | None,
+    metadata: dict[str, str],
 ) -> RunRecord:
     """The record a run registers: its identity, its lineage, and the metadata given to `Agent.run`."""
     origin = origin_of(ctx.messages)
@@ -34,7 +43,7 @@ def run_record(
         metadata=dict(metadata),
         pydantic_ai_run_id=ctx.run_id,
         run_metadata=check_json_map(ctx.metadata, 'Agent.run(metadata=...)'),
-        parent_tool_call_id=_context.current_tool_call_id.get() if parent_run_id is not None else None,
+        parent_tool_call_id=parent_tool_call_id,
         continued_from=origin[1] if origin is not None and origin[0] == 'continued' else None,
         forked_from=origin[1] if origin is not None and origin[0] == 'forked' else None,
     )

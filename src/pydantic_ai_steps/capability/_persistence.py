@@ -70,6 +70,8 @@ class StepPersistence(StoreOperations[AgentDepsT]):
     # Per-run state: `for_run` builds a fresh instance for every run, so none of it leaks.
     _derived_from: tuple[str | None, str | None] | None = field(default=None, init=False, repr=False)
     """`(agent_name, pydantic-ai run id)` when the run id was derived, so a clash can draw again."""
+    _parent_tool_call_id: str | None = field(default=None, init=False, repr=False)
+    """The parent's tool call this run was started from, taken where the run starts (`parent_of`)."""
     _writer: Writer | None = field(default=None, init=False, repr=False)
     _snapshots: Snapshots = field(init=False, repr=False, compare=False)
     _event_sequence: int = field(default=0, init=False, repr=False)
@@ -103,7 +105,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> StepPersistence[AgentDepsT]:
         """A fresh instance per run, so counters and run ids never leak between runs."""
-        parent = parent_of(self.parent_run_id)
+        parent, parent_tool_call_id = parent_of(self.parent_run_id)
         run_id = self.run_id or derive_run_id(self.agent_name, ctx.run_id, attempt=0)
         agent_name = self.agent_name
         if agent_name is None and ctx.agent is not None:
@@ -111,6 +113,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         instance = replace(
             self, agent_name=agent_name, run_id=run_id, parent_run_id=parent, metadata=dict(self.metadata)
         )
+        instance._parent_tool_call_id = parent_tool_call_id
         if not self.run_id and self.agent_name is not None:
             instance._derived_from = (self.agent_name, ctx.run_id)
         return instance
@@ -178,6 +181,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         those is written here, shielded from the cancellation that is ending the run.
         """
         run_token = _context.current_run.set(self)
+        call_token = _context.current_tool_call_id.set(None)  # the parent's call is not this run's
         history_token = _context.live_history.set(None)
         try:
             return await handler()
@@ -187,6 +191,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
             raise
         finally:
             _context.live_history.reset(history_token)
+            _context.current_tool_call_id.reset(call_token)
             _context.current_run.reset(run_token)
 
     async def _close_after_escape(self, ctx: RunContext[AgentDepsT], error: BaseException) -> None:
@@ -202,7 +207,9 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         """Choose how to write, then register the run (with `run_started`), unless the writer
         registers it with the run's input, in `before_model_request`."""
         self._writer = await _choose_writer(self, ctx)
-        record = run_record(ctx, self._run_id, self.parent_run_id, self.agent_name, self.metadata)
+        record = run_record(
+            ctx, self._run_id, self.parent_run_id, self._parent_tool_call_id, self.agent_name, self.metadata
+        )
         await self._out.register(ctx, record, self._event(ctx, 'run_started'))
 
     def _stored_as(self, run_id: str) -> None:
