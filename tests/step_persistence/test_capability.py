@@ -19,6 +19,7 @@ from pydantic_ai_steps.capability._writers import ImmediateWriter
 from pydantic_ai_steps.step_persistence import (
     ContinuableSnapshot,
     InMemoryStepStore,
+    InvalidRecordError,
     RunAlreadyExistsError,
     RunRecord,
     SnapshotSaved,
@@ -355,6 +356,26 @@ async def test_annotations_survive_completion() -> None:
     assert record is not None and record.status == 'completed' and record.ended_at is not None
     assert record.idempotency_key == 'issue-3::label::docs'
     assert record.effect_summary == "set label 'docs' on issue #3"
+
+
+async def test_an_annotation_of_the_wrong_type_is_refused_and_the_entry_kept() -> None:
+    """The entry a tool annotates is the one record a recovery needs: a key that no store could read
+    back fails the tool, by name, and the entry stays as it was."""
+    store = InMemoryStepStore()
+    agent = Agent(scripted([call('post', 'c1', issue=7)], 'done'), capabilities=[StepPersistence(store=store)])
+
+    @agent.tool
+    async def post(ctx: RunContext[None], issue: int) -> str:
+        key: Any = issue
+        await annotate_tool_effect(store, ctx, idempotency_key=key)
+        return 'posted'
+
+    with pytest.raises(
+        InvalidRecordError, match=r'annotate_tool_effect\(idempotency_key=...\) must be a string or None, got int 7'
+    ):
+        await agent.run('go')
+    record = await store.get_tool_effect(run_id=(await only_run(store)).run_id, tool_call_id='c1')
+    assert record is not None and record.status == 'failed' and record.idempotency_key is None
 
 
 async def test_annotate_outside_a_persisted_tool_call_is_a_no_op() -> None:

@@ -15,6 +15,7 @@ from datetime import datetime
 
 from .._errors import InvalidRecordError, check_json_map, check_optional_str, check_run_id, check_str_map
 from .._records import (
+    EFFECT_RESOLUTIONS,
     EVENT_KINDS,
     RUN_EQUALITY_FIELDS,
     SNAPSHOT_STATES,
@@ -40,6 +41,23 @@ def _note_run(run_id: str, run_ids: set[str]) -> None:
         run_ids.add(run_id)
 
 
+_STR_OR_NONE = frozenset({str, type(None)})
+
+
+def _check_optional_strs(record: object, names: tuple[str, ...]) -> None:
+    """Each named field of `record` is a string or None (a value of another type would be stored by
+    one store, turned to text by another, and read back by none)."""
+    values = tuple(getattr(record, name) for name in names)
+    if not _STR_OR_NONE.issuperset(map(type, values)):  # the common case, in C; a str subclass is checked below
+        for name, value in zip(names, values, strict=True):
+            check_optional_str(value, f'{type(record).__name__}.{name}')
+
+
+def _check_step_index(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRecordError(f'{what} must be an int, got {value!r}')
+
+
 def _check_choice(value: object, allowed: Collection[str], field: str) -> None:
     if value not in allowed:
         raise InvalidRecordError(f'{field} must be one of {sorted(allowed)}, got {value!r}')
@@ -56,11 +74,25 @@ def checked_run(record: RunRecord) -> RunRecord:
     return record
 
 
+_EVENT_TEXTS = (
+    'conversation_id',
+    'parent_run_id',
+    'agent_name',
+    'tool_call_id',
+    'tool_name',
+    'error',
+    'idempotency_key',
+    'tool_args',
+)
+_EFFECT_TEXTS = ('idempotency_key', 'effect_summary', 'resolved_by', 'resolution_note')
+_SNAPSHOT_TEXTS = ('conversation_id', 'parent_run_id', 'agent_name', 'idempotency_key')
+
+
 def checked_event(event: StepEvent, run_ids: set[str]) -> StepEvent:
     _note_run(event.run_id, run_ids)
     _check_choice(event.kind, EVENT_KINDS, 'StepEvent.kind')
-    if isinstance(event.step_index, bool) or not isinstance(event.step_index, int):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise InvalidRecordError(f'StepEvent.step_index must be an int, got {event.step_index!r}')
+    _check_step_index(event.step_index, 'StepEvent.step_index')
+    _check_optional_strs(event, _EVENT_TEXTS)
     if event.metadata:
         check_str_map(event.metadata, 'StepEvent.metadata')
     _check_time(event.timestamp, 'StepEvent.timestamp')
@@ -76,12 +108,21 @@ def checked_effect(record: ToolEffectRecord, run_ids: set[str]) -> ToolEffectRec
             f'{record.tool_name!r}'
         )
     _check_time(record.started_at, 'ToolEffectRecord.started_at')
+    _check_optional_strs(record, _EFFECT_TEXTS)
+    if record.ended_at is not None:
+        _check_time(record.ended_at, 'ToolEffectRecord.ended_at')
+    if record.resolution is not None:
+        _check_choice(record.resolution, EFFECT_RESOLUTIONS, 'ToolEffectRecord.resolution')
+    if record.resolved_at is not None:
+        _check_time(record.resolved_at, 'ToolEffectRecord.resolved_at')
     return record
 
 
 def checked_snapshot(snapshot: ContinuableSnapshot, run_ids: set[str]) -> None:
     _note_run(snapshot.run_id, run_ids)
     _check_choice(snapshot.state, SNAPSHOT_STATES, 'ContinuableSnapshot.state')
+    _check_step_index(snapshot.step_index, 'ContinuableSnapshot.step_index')
+    _check_optional_strs(snapshot, _SNAPSHOT_TEXTS)
     if not isinstance(snapshot.messages, list):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidRecordError(f'ContinuableSnapshot.messages must be a list, got {type(snapshot.messages).__name__}')
     _check_time(snapshot.timestamp, 'ContinuableSnapshot.timestamp')

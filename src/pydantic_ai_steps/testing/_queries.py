@@ -4,6 +4,7 @@ and the checks every record and run id passes before anything is written."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -233,6 +234,24 @@ class QueryConformance:
             await store.append_event(StepEvent(run_id=run_id, kind='run_exploded', step_index=0))  # pyright: ignore[reportArgumentType]
         with pytest.raises(InvalidRecordError, match='state'):
             await store.save_snapshot(snapshot(run_id, tool_cycle(), state='half'))  # pyright: ignore[reportArgumentType]
+        # Optional text fields of another type: one store would keep them, another turn them to
+        # text, and the readers skip the record, so they are refused by name.
+        for name in ('tool_name', 'error', 'conversation_id', 'idempotency_key', 'tool_args'):
+            bad_event: Any = replace(StepEvent(run_id=run_id, kind='run_started', step_index=0), **{name: 7})
+            with pytest.raises(InvalidRecordError, match=rf'StepEvent\.{name} must be a string or None'):
+                await store.append_event(bad_event)
+        with pytest.raises(InvalidRecordError, match=r'ContinuableSnapshot\.agent_name'):
+            await store.save_snapshot(replace(snapshot(run_id, tool_cycle()), agent_name=5))  # pyright: ignore[reportArgumentType]
+        effect = ToolEffectRecord(tool_call_id='bad', tool_name='t', run_id=run_id, status='started')
+        for field, value, message in (
+            ('idempotency_key', 7, 'idempotency_key must be a string or None, got int 7'),
+            ('effect_summary', b'sent', 'effect_summary must be a string or None'),
+            ('ended_at', 'yesterday', 'ended_at must be a datetime'),
+            ('resolution', 'maybe', 'resolution must be one of'),
+        ):
+            with pytest.raises(InvalidRecordError, match=rf'ToolEffectRecord\.{message}'):
+                await store.record_tool_effect(replace(effect, **{field: value}))
+        assert await store.get_tool_effect(run_id=run_id, tool_call_id='bad') is None
         assert await store.list_events(run_id=run_id) == []
         assert await store.latest_snapshot(run_id=run_id, include_interrupted=True) is None
 
