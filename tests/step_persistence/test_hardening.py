@@ -443,3 +443,21 @@ async def test_a_collection_that_fails_partway_leaves_no_writer_trusting_what_it
     await store.save_snapshot(snap('new', with_images()))
     loaded = await store.latest_snapshot(run_id='new')
     assert loaded is not None and dump(loaded.messages) == dump(with_images())
+
+
+async def test_garbage_collection_started_before_the_first_writer_keeps_what_it_references(tmp_path: Path) -> None:
+    """A maintenance store opened on a database no process has created tables in yet, then a worker
+    writes a run with an image: the collection keeps the image the run's snapshot references."""
+    database = tmp_path / 'steps.db'
+    maintenance = SqliteStepStore(database=database)
+    assert await maintenance.list_runs() == []
+    worker = SqliteStepStore(database=database)
+    image = [ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'\x89PNG' * 20_000, media_type='image/png')])])]
+    await worker.register_run(RunRecord(run_id='r1'))
+    await worker.save_snapshot(snap('r1', image))
+    await worker.aclose()
+    result = await maintenance.collect_garbage(grace=timedelta(0), writers_stopped=True)
+    assert (result.blobs, result.kept_referenced) == ([], 1)
+    loaded = await maintenance.latest_snapshot(run_id='r1')
+    assert loaded is not None and dump(loaded.messages) == dump(image)
+    await maintenance.aclose()

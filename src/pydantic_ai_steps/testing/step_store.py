@@ -287,6 +287,26 @@ class StepStoreConformance(
         latest = await first.latest_snapshot(run_id=run_id)
         assert latest is not None and dump(latest.messages) == dump([*tool_cycle(), *tool_cycle('c2')])
 
+    @pytest.mark.anyio
+    async def test_a_store_that_read_empty_storage_sees_what_another_writes_later(
+        self, make_store: StoreFactory
+    ) -> None:
+        """A maintenance process may start before any worker has written: what it read of an empty
+        storage (no tables yet) must not stay its view, or it would see no runs, and collect their
+        media as unreferenced, for good."""
+        if not self.persistent:
+            pytest.skip('needs two stores over the same storage (persistent = True)')
+        reader = make_store()
+        run_id = new_run_id()
+        assert await reader.get_run(run_id=run_id) is None
+        assert await reader.list_runs(conversation_id=run_id) == []
+        writer = make_store()
+        await writer.register_run(RunRecord(run_id=run_id, conversation_id=run_id, started_at=T0))
+        await writer.save_snapshot(snapshot(run_id, tool_cycle()))
+        assert [run.run_id for run in await reader.list_runs(conversation_id=run_id)] == [run_id]
+        latest = await reader.latest_snapshot(run_id=run_id)
+        assert latest is not None and dump(latest.messages) == dump(tool_cycle())
+
     async def _separate_stores_share_nothing(self, make_store: StoreFactory) -> None:
         """A store that does not persist keeps its records to itself."""
         first, second = make_store(), make_store()

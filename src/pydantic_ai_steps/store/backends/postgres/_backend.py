@@ -348,9 +348,12 @@ class PostgresBackend:
         return await self.connections.run(write, replay_safe=True)
 
     async def _view(self, conn: PostgresConnection) -> Columns:
-        """The tables and columns reads may use: read once (two statements), then kept."""
+        """The tables and columns reads may use (two statements): kept once they are this release's
+        layout, read again at every read until then, as another process may create or migrate the
+        tables at any time (a view kept from before would read an empty store, and its media as
+        unreferenced, for good)."""
         columns = self._columns
-        if columns is None:
+        if columns is None or not self._migrated:
             columns = await read_columns(conn, self.table)
             check_readable(columns.version)
             self._columns = columns

@@ -61,6 +61,8 @@ class SqliteConnection:
         """Serializes every use of the connection (a `SqliteMediaStore` sharing it takes it too)."""
         self._migrated = False
         self._columns: Columns | None = None
+        self._schema_cookie = -1
+        """`PRAGMA schema_version` when `_columns` was read."""
         self._commits_since_checkpoint = 0
         self._busy_timeout_set = False
         """Whether the own connection waits for a held write lock (it must not on the event loop)."""
@@ -221,19 +223,29 @@ class SqliteConnection:
                     migrate(conn)
             migrated = not conn.in_transaction or self._owns_connection
             self._migrated = migrated
-            self._columns = Columns.read(conn) if migrated else None
+            self._columns = None
+            if migrated:
+                self._read_view(conn)
         elif self._columns is None:
-            version = schema_version(conn)
-            check_readable(version)
-            self._columns = Columns.read(conn)
-            self._migrated = version == SCHEMA_VERSION
+            self._read_view(conn)
         return conn
 
     def _view(self, conn: sqlite3.Connection) -> Columns:
-        if self._columns is None:
-            self._conn(False)
-        assert self._columns is not None
-        return self._columns
+        """What the database has, read again while it is not at this release's version and its
+        schema changed since: another process may create or migrate the tables at any time, and a
+        view kept from before would read an empty store (and its media as unreferenced) for good."""
+        columns = self._columns
+        if columns is None or (not self._migrated and _schema_cookie(conn) != self._schema_cookie):
+            columns = self._read_view(conn)
+        return columns
+
+    def _read_view(self, conn: sqlite3.Connection) -> Columns:
+        self._schema_cookie = _schema_cookie(conn)  # first: a change after it is seen at the next read
+        version = schema_version(conn)
+        check_readable(version)
+        columns = self._columns = Columns.read(conn)
+        self._migrated = version == SCHEMA_VERSION
+        return columns
 
     def _write(self, conn: sqlite3.Connection, *, immediate: bool = False) -> AbstractContextManager[None]:
         """A write transaction that takes the write lock up front (see `WriteTransaction`).
@@ -257,3 +269,8 @@ def database_file(connection: sqlite3.Connection | None) -> str | None:
         if name == 'main':
             return path or None
     return None  # pragma: no cover - every connection has a main database
+
+
+def _schema_cookie(conn: sqlite3.Connection) -> int:
+    """SQLite's count of schema changes to the database file (any connection's): read from its header."""
+    return int(conn.execute('PRAGMA schema_version').fetchone()[0])
