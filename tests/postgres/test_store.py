@@ -3,6 +3,8 @@ version-1 and version-2 databases."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 from dataclasses import replace
 
 import asyncpg
@@ -10,6 +12,7 @@ import pytest
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps._errors import StoreUnavailableError
+from pydantic_ai_steps.media import PostgresMediaStore
 from pydantic_ai_steps.step_persistence import (
     InvalidRecordError,
     PostgresStepStore,
@@ -50,6 +53,18 @@ def test_exactly_one_of_a_pool_or_a_dsn() -> None:
     with pytest.raises(ValueError, match='acquire_timeout'):
         PostgresStepStore(dsn='postgresql://h/db', acquire_timeout=0)
     assert 'pw' not in repr(PostgresStepStore(dsn='postgresql://u:pw@h/db'))
+
+
+def test_no_pickle_or_copy_holds_the_password() -> None:
+    """A DSN's password must not reach a pickle (a task queue's payload, a cache): both stores refuse."""
+    for store in (
+        PostgresStepStore(dsn='postgresql://u:s3cret@127.0.0.1:1/db'),
+        PostgresMediaStore(dsn='postgresql://u@127.0.0.1:1/db?password=s3cret'),
+        StepPersistence.from_spec(backend='postgres', dsn='postgresql://u:s3cret@127.0.0.1:1/db'),
+    ):
+        for attempt in (pickle.dumps, copy.deepcopy):
+            with pytest.raises(TypeError, match='cannot be pickled or copied'):
+                attempt(store)
 
 
 @pytest.mark.anyio

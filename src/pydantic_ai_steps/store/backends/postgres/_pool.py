@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Literal, NoReturn, Protocol, SupportsIndex, TypeVar, cast, runtime_checkable
 
 import anyio
 
@@ -152,6 +152,12 @@ class Connections:
 
     def describe(self) -> str:
         return 'pool=<caller-owned>' if self._caller_pool is not None else 'dsn=<given>'
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise TypeError(
+            'a PostgreSQL store cannot be pickled or copied: it holds a pool and, built from dsn=, the '
+            "DSN's credentials, which must not be written into a pickle; build a new store where another is needed"
+        )
 
     async def _pool(self) -> Any:
         if self._caller_pool is not None:
