@@ -5,7 +5,7 @@ back from a store (records, lineage, continuable points) is in the conformance s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic_ai import Agent
@@ -26,8 +26,10 @@ from pydantic_ai_steps.step_persistence import (
     InvalidRecordError,
     InvalidRunIdError,
     continue_run,
+    fork_run,
     run_record_for,
 )
+from pydantic_ai_steps.step_persistence.recovery import inspect_recovery
 
 from .agents import call, scripted
 
@@ -161,3 +163,16 @@ async def test_only_the_run_given_the_returned_history_records_its_origin() -> N
     through_json = ModelMessagesTypeAdapter.validate_json(ModelMessagesTypeAdapter.dump_json(history))
     unknown = await run_record_for(store, await agent.run('turn two again', message_history=through_json))
     assert unknown is not None and unknown.continued_from is None
+
+
+async def test_recovery_helpers_name_an_argument_of_the_wrong_type() -> None:
+    store = InMemoryStepStore()
+    bad: Any = None
+    with pytest.raises(ValueError, match='run_id must be a non-empty string, got None'):
+        await continue_run(store, run_id=bad)
+    with pytest.raises(ValueError, match='run_id must be a non-empty string, got 5'):
+        await inspect_recovery(store=store, run_id=cast(Any, 5))
+    with pytest.raises(ValueError, match="new_conversation must be True or False, got 'no'"):
+        await fork_run(store, run_id='r', new_conversation=cast(Any, 'no'))
+    with pytest.raises(ValueError, match="include_interrupted must be True or False, got 'yes'"):
+        await continue_run(store, run_id='r', include_interrupted=cast(Any, 'yes'))

@@ -45,6 +45,7 @@ class RecoveryInspection:
 
 
 async def inspect_recovery(*, store: StepStore, run_id: str) -> RecoveryInspection:
+    _check_id(run_id, 'run_id')
     events = await store.list_events(run_id=run_id)
     latest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
     settled = await store.latest_snapshot(run_id=run_id)
@@ -81,7 +82,8 @@ async def continue_run(store: StepStore, *, run_id: str, include_interrupted: bo
     Only `complete` snapshots unless `include_interrupted=True` (see the module docs for what an
     interrupted one gives back). Raises `LookupError` when the run has no such snapshot.
     """
-    snapshot = await _latest(store, run_id, include_interrupted)
+    _check_id(run_id, 'run_id')
+    snapshot = await _latest(store, run_id, _check_flag(include_interrupted, 'include_interrupted'))
     return _history(snapshot, 'continued')
 
 
@@ -93,7 +95,9 @@ async def fork_run(
     With `new_conversation=True` the messages no longer carry the old `conversation_id`, so the
     run given them starts a conversation of its own (pydantic-ai assigns one, or takes yours).
     """
-    snapshot = await _latest(store, run_id, include_interrupted)
+    _check_id(run_id, 'run_id')
+    _check_flag(new_conversation, 'new_conversation')
+    snapshot = await _latest(store, run_id, _check_flag(include_interrupted, 'include_interrupted'))
     if new_conversation:
         snapshot.messages = [_without_conversation(message) for message in snapshot.messages]
     return _history(snapshot, 'forked')
@@ -102,25 +106,43 @@ async def fork_run(
 async def continue_conversation(
     store: StepStore, *, conversation_id: str, include_interrupted: bool = False
 ) -> list[ModelMessage]:
-    """The newest continuable history across the runs of a conversation (newest run first).
+    """The newest continuable history across the turns of a conversation (newest run first).
 
-    A run that failed before its first boundary, or died while its model was first asked, still
-    left its input (the history it was given and its prompt) as a snapshot, so the newest turn is
-    found even then (a store without `write_records` saves the input only with the first tool
-    call or at a failure). Raises `LookupError` when no run of the conversation has a continuable
-    snapshot.
+    A turn is a run of the conversation that no other run of it started: a delegate given the
+    same `conversation_id` is part of the turn that called it, not a turn of its own, so its
+    history is never the one returned. A run that failed before its first boundary, or died while
+    its model was first asked, still left its input (the history it was given and its prompt) as
+    a snapshot, so the newest turn is found even then (a store without `write_records` saves the
+    input only with the first tool call or at a failure). Raises `LookupError` when no turn of
+    the conversation has a continuable snapshot.
     """
+    _check_id(conversation_id, 'conversation_id')  # `None` would mean every conversation
+    _check_flag(include_interrupted, 'include_interrupted')
     list_runs: Any = store.list_runs
     try:
         runs: list[RunRecord] = await list_runs(conversation_id=conversation_id, newest_first=True)
     except TypeError:  # a store with only the published protocol's list_runs
         runs = list(reversed(await store.list_runs(conversation_id=conversation_id)))
+    members = {record.run_id for record in runs}
     for record in runs:
+        if record.parent_run_id in members:
+            continue  # a delegate of a turn of this conversation
         snapshot = await store.latest_snapshot(run_id=record.run_id, include_interrupted=include_interrupted)
         if snapshot is not None:
             return _history(snapshot, 'continued')
     kind = 'snapshot' if include_interrupted else 'complete snapshot'
     raise LookupError(f'no run of conversation {conversation_id!r} has a continuable {kind}')
+
+
+def _check_id(value: object, name: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f'{name} must be a non-empty string, got {value!r}')
+
+
+def _check_flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f'{name} must be True or False, got {value!r}')
+    return value
 
 
 async def _latest(store: StepStore, run_id: str, include_interrupted: bool) -> ContinuableSnapshot:

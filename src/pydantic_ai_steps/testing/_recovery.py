@@ -107,6 +107,38 @@ class RecoveryConformance:
         assert kept is not None and kept.conversation_id == conversation and kept.forked_from is not None
 
     @pytest.mark.anyio
+    async def test_a_conversation_continues_from_its_turns_not_from_their_delegates(self, store: StepStore) -> None:
+        """A delegate given the conversation's id starts after the turn that called it and may end
+        after it too; continuing the conversation still gives the turn's history, not the delegate's."""
+        conversation = new_run_id('conv')
+        librarian = Agent(
+            _scripted(['from the shelves']),
+            system_prompt='You are the librarian',
+            capabilities=[StepPersistence(store=store, agent_name='librarian')],
+        )
+        orchestrator = Agent(
+            _scripted([[ToolCallPart('ask_librarian', {'question': 'q'}, tool_call_id='c1')], 'answered']),
+            capabilities=[StepPersistence(store=store, agent_name='orchestrator')],
+        )
+
+        @orchestrator.tool_plain
+        async def ask_librarian(question: str) -> str:  # pyright: ignore[reportUnusedFunction]
+            return (await librarian.run(f'librarian task: {question}', conversation_id=conversation)).output
+
+        await orchestrator.run('orchestrator question', conversation_id=conversation)
+        assert len(await store.list_runs(conversation_id=conversation)) == 2
+        history = await continue_conversation(store, conversation_id=conversation)
+        assert prompts(history) == ['orchestrator question']
+
+    @pytest.mark.anyio
+    async def test_continue_conversation_refuses_a_missing_conversation_id(self, store: StepStore) -> None:
+        """`None` would select every conversation's runs: another user's history, say."""
+        await support_agent(store, 'hello').run('someone else', conversation_id=new_run_id('conv'))
+        for missing in (None, ''):
+            with pytest.raises(ValueError, match='conversation_id must be a non-empty string'):
+                await continue_conversation(store, conversation_id=missing)  # pyright: ignore[reportArgumentType]
+
+    @pytest.mark.anyio
     async def test_a_run_that_fails_in_its_first_tool_continues_from_its_input(self, store: StepStore) -> None:
         """The run's input (the history it was given and its prompt) is its continuable point."""
         conversation = new_run_id('conv')
