@@ -217,7 +217,8 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         self.run_id = run_id
 
     async def after_run(self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
-        """Save the final history unless the last boundary snapshot already holds it.
+        """Save the final history unless the last boundary snapshot already holds it (`interrupted`
+        when it ends on deferred tool calls).
 
         `run_stream` never fires the boundary after its final response, and a run can end before
         any boundary, so this is where those histories are saved, at the step of the last model
@@ -225,14 +226,14 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         """
         messages = with_output_tool_returns(result.all_messages(), self._output_tool_names)
         last_request = self._last_request_step if self._last_request_step is not None else ctx.run_step
-        step = await self._snapshots.final_step(ctx, messages, last_request)
-        if step is None:
+        final = await self._snapshots.final_step(ctx, messages, last_request)
+        if final is None:
             await self._record(ctx, 'run_completed')
         elif self._out.defers_final_boundary:  # the closing event goes with the final snapshot
             await self._record(ctx, 'run_completed', defer=True)
-            await self._snapshots.save(ctx, messages, step, valid=True)
+            await self._snapshots.save(ctx, messages, final[0], valid=final[1])
         else:
-            await self._snapshots.save(ctx, messages, step, valid=True)
+            await self._snapshots.save(ctx, messages, final[0], valid=final[1])
             await self._record(ctx, 'run_completed')
         return result
 

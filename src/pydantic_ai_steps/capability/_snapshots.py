@@ -95,18 +95,23 @@ class Snapshots:
             self.final_boundary = None
             await self.save(ctx, messages, step, valid=True)
 
-    async def final_step(self, ctx: RunContext[Any], messages: list[ModelMessage], step: int) -> int | None:
-        """The step to save the run's final history at, or `None` when a saved snapshot holds it or
-        it is not provider-valid.
+    async def final_step(
+        self, ctx: RunContext[Any], messages: list[ModelMessage], step: int
+    ) -> tuple[int, bool] | None:
+        """The step to save the run's final history at and whether it is provider-valid, or `None`
+        when a saved snapshot holds it.
 
         A waiting last boundary of this very history is saved as the final one, at its own step;
-        one of another history is written first, and the final history goes at `step`.
+        one of another history is written first, and the final history goes at `step`. A final
+        history that is not provider-valid is that of a run ending on deferred tool calls (an
+        approval, a call run elsewhere): saved `interrupted`, it is what the run is resumed from,
+        with `deferred_tool_results=`.
         """
         boundary = self.final_boundary
         if boundary is not None and same_messages(boundary[0], messages):
             self.final_boundary = None  # written now, as the final history
-            return boundary[1]
+            return boundary[1], True
         await self.write_final_boundary(ctx)
-        if same_messages(self._last_saved, messages) or not self.validity.check(messages):
+        if same_messages(self._last_saved, messages):
             return None
-        return step
+        return step, self.validity.check(messages)

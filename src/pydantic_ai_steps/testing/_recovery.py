@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pytest
-from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, UserPromptPart
+from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from .._records import SnapshotRef
@@ -129,6 +129,39 @@ class RecoveryConformance:
         assert len(await store.list_runs(conversation_id=conversation)) == 2
         history = await continue_conversation(store, conversation_id=conversation)
         assert prompts(history) == ['orchestrator question']
+
+    @pytest.mark.anyio
+    async def test_a_run_that_ends_waiting_for_an_approval_resumes_from_the_store(self, store: StepStore) -> None:
+        """Its final history ends on a call with no return yet, so it is kept `interrupted`: the
+        settled read does not give it, `include_interrupted=True` does, and the approval resumes it."""
+        agent = Agent(
+            _scripted([[ToolCallPart('delete_file', {'path': 'a'}, tool_call_id='c-del')], 'deleted it']),
+            output_type=[str, DeferredToolRequests],
+            capabilities=[StepPersistence(store=store, agent_name='files')],
+        )
+
+        @agent.tool_plain(requires_approval=True)
+        def delete_file(path: str) -> str:  # pyright: ignore[reportUnusedFunction]
+            return f'{path} deleted'
+
+        waiting = await agent.run('delete a')
+        assert isinstance(waiting.output, DeferredToolRequests)
+        record = await run_record_for(store, waiting)
+        assert record is not None and record.status == 'completed'
+        assert prompts(await continue_run(store, run_id=record.run_id)) == ['delete a']
+        history = await continue_run(store, run_id=record.run_id, include_interrupted=True)
+        assert len(history) == len(waiting.all_messages())
+        approved = await agent.run(
+            message_history=history, deferred_tool_results=DeferredToolResults(approvals={'c-del': True})
+        )
+        assert approved.output == 'deleted it'
+        returns = [
+            part.content
+            for message in approved.new_messages()
+            for part in message.parts
+            if isinstance(part, ToolReturnPart)
+        ]
+        assert returns == ['a deleted']
 
     @pytest.mark.anyio
     async def test_continue_conversation_refuses_a_missing_conversation_id(self, store: StepStore) -> None:
