@@ -12,6 +12,17 @@ def compact_json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(',', ':'))
 
 
+def loads(raw: str | bytes) -> object:
+    """`json.loads` of stored text, every way it can fail to parse (deep nesting included) one
+    `ValueError` saying why ("not valid JSON: ..."), so a reader skips the record instead of failing."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError('nested too deeply to read') from None
+    except ValueError as error:  # UnicodeDecodeError is one
+        raise ValueError(f'not valid JSON: {error}') from None
+
+
 def json_object(value: object, what: str) -> dict[Any, Any] | None:
     """A stored object: `None`, a mapping, or JSON text of an object; `ValueError` naming `what` otherwise."""
     if value is None:
@@ -20,9 +31,9 @@ def json_object(value: object, what: str) -> dict[Any, Any] | None:
         return {}
     if isinstance(value, str | bytes):
         try:
-            value = json.loads(value)
+            value = loads(value)
         except ValueError as error:
-            raise ValueError(f'{what} is not valid JSON: {error}') from None
+            raise ValueError(f'{what} is {error}') from None
     if not isinstance(value, Mapping):
         raise ValueError(f'{what} must be an object, got {value!r}')
     return dict(cast(Mapping[Any, Any], value))

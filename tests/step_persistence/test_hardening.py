@@ -461,3 +461,69 @@ async def test_garbage_collection_started_before_the_first_writer_keeps_what_it_
     loaded = await maintenance.latest_snapshot(run_id='r1')
     assert loaded is not None and dump(loaded.messages) == dump(image)
     await maintenance.aclose()
+
+
+async def test_stored_json_nested_too_deeply_to_parse_is_skipped_as_damage(tmp_path: Path) -> None:
+    """One record edited into deeply nested JSON is skipped with a warning; it breaks no listing."""
+    database = tmp_path / 'steps.db'
+    store = SqliteStepStore(database=database)
+    for run_id in ('a', 'b'):
+        await store.register_run(RunRecord(run_id=run_id))
+        await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
+    await store.aclose()
+    with sqlite3.connect(database) as conn:
+        conn.execute("UPDATE runs SET metadata = ? WHERE run_id = 'a'", ('[' * 100_000,))
+        conn.execute("UPDATE events SET metadata = ? WHERE run_id = 'b'", ('{"k":' * 100_000,))
+    reread = SqliteStepStore(database=database)
+    assert [run.run_id for run in await reread.list_runs()] == ['b']
+    assert await reread.list_events(run_id='b') == []
+    assert await reread.list_unreadable_runs() == ["run 'a': run record metadata is nested too deeply to read"]
+    await reread.aclose()
+
+    files = FileStepStore(tmp_path / 'runs')
+    for run_id in ('a', 'b'):
+        await files.register_run(RunRecord(run_id=run_id))
+        await files.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
+    await files.aclose()
+    with (tmp_path / 'runs' / 'a' / 'events.jsonl').open('a') as log:
+        log.write('[' * 100_000 + '\n')
+    reread_files = FileStepStore(tmp_path / 'runs')
+    assert [run.run_id for run in await reread_files.list_runs()] == ['a', 'b']
+    assert [event.kind for event in await reread_files.list_events(run_id='a')] == ['run_started']
+
+
+async def test_a_message_row_edited_to_other_types_makes_its_snapshots_damaged_not_a_crash(tmp_path: Path) -> None:
+    database = tmp_path / 'steps.db'
+    first, second = history(1)[:1], history(1)
+    for edit in ('position = 1.5', "message = x'ff'", "position = 'x'"):
+        database.unlink(missing_ok=True)
+        store = SqliteStepStore(database=database)
+        await store.register_run(RunRecord(run_id='a'))
+        await store.save_snapshot(snap('a', first, step=0))
+        await store.save_snapshot(snap('a', second, step=1))
+        await store.aclose()
+        with sqlite3.connect(database) as conn:
+            conn.execute(f'UPDATE messages SET {edit} WHERE log_index = 1')
+        reread = SqliteStepStore(database=database)
+        latest = await reread.latest_snapshot(run_id='a')
+        assert latest is not None and latest.step_index == 0 and dump(latest.messages) == dump(first), edit
+        await reread.aclose()
+
+
+async def test_file_store_lines_edited_to_other_types_are_skipped(tmp_path: Path) -> None:
+    root = tmp_path / 'runs'
+    store = FileStepStore(root)
+    await store.register_run(RunRecord(run_id='good'))
+    await store.register_run(RunRecord(run_id='child', parent_run_id='good'))
+    await store.append_event(StepEvent(run_id='child', kind='run_started', step_index=0))
+    await store.aclose()
+    events = root / 'child' / 'events.jsonl'
+    edited = {**json.loads(events.read_text()), 'kind': []}
+    events.write_text(json.dumps(edited) + '\n')
+    assert [run.run_id for run in await FileStepStore(root).list_runs()] == ['good', 'child']
+    index = root / '_index' / 'runs.jsonl'
+    lines = index.read_text().splitlines()
+    lines[-1] = json.dumps({**json.loads(lines[-1]), 'parent_run_id': ['good']})
+    index.write_text('\n'.join(lines) + '\n')
+    events.unlink()
+    assert await FileStepStore(root).list_runs(parent_run_id='good') == []

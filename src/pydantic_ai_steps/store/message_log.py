@@ -19,7 +19,7 @@ import pydantic_core
 from pydantic_ai.messages import ModelMessage, ModelRequest
 
 from .._errors import InvalidRecordError, RecordTooLargeError
-from .._json import compact_json
+from .._json import compact_json, loads
 from .._records import ContinuableSnapshot
 from ..media._markers import has_markers, mentions_reserved_key, might_need_externalizing
 from ..media._protocol import MediaStore
@@ -342,7 +342,7 @@ class MessageLog:
 
     async def _restore(self, text: str) -> str:
         media_store = self.media_store if self.media_store is not None else INLINE
-        tree: object = await restore_media(json.loads(text), media_store=media_store)
+        tree: object = await restore_media(loads(text), media_store=media_store)
         return compact_json(tree)
 
 

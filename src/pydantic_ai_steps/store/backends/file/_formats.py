@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any, cast
 
-from ...._json import compact_json
+from ...._json import compact_json, loads
 from ...backend import Damaged, LogEntry, Row, SnapshotRow
 from ._io import json_object, line, read_bytes
 from ._state import LOG_PREFIX
@@ -22,7 +21,7 @@ def log_line(index: int, position: int, text: str) -> bytes:
 
 def parse_log_line(text: bytes) -> LogEntry | None:
     try:
-        value: object = json.loads(text)
+        value = loads(text)
     except ValueError:
         return None
     if not isinstance(value, dict):

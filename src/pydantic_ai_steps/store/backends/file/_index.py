@@ -126,7 +126,9 @@ class RunIndex:
                 self._unconfirmed[run_id] = None
                 continue
             for name in RUN_EQUALITY_FIELDS:
-                by_field.setdefault((name, row.get(name)), {})[run_id] = None
+                value = row.get(name)
+                if value is None or isinstance(value, str):  # another type is damage: the record's reader reports it
+                    by_field.setdefault((name, value), {})[run_id] = None
         self._by_field = by_field
         return by_field
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ...._files import UnsafeEntryError, check_entry, fsync_dir
-from ...._json import compact_json
+from ...._json import compact_json, loads
 from .._offload import WouldBlock, may_wait
 
 logger = logging.getLogger('pydantic_ai_steps.file_store')
@@ -221,10 +220,7 @@ def read_lines(path: Path) -> list[bytes]:
 
 def json_object(raw: bytes | str) -> dict[str, Any]:
     """Parse a JSON object; `ValueError` (never another error) for anything else."""
-    try:
-        value: object = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f'not valid JSON: {error}') from None
+    value = loads(raw)
     if not isinstance(value, dict):
         raise ValueError(f'expected a JSON object, got {type(value).__name__}')
     return cast(dict[str, Any], value)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import cast
 
 from ...._files import UnsafeEntryError, check_directory
 from ...._records import RunQuery
@@ -74,7 +73,8 @@ class FileReads:
             if last is not None:
                 with contextlib.suppress(ValueError):
                     event = json_object(last)
-                    status = _CLOSING.get(cast(str, event.get('kind')))
+                    kind = event.get('kind')
+                    status = _CLOSING.get(kind) if isinstance(kind, str) else None
                     if status is not None:
                         closing = {'status': status, 'ended_at': event.get('timestamp')}
             cached = (*stamp, closing)

@@ -8,13 +8,13 @@ seen.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from ...._json import loads
 from ...._records import SNAPSHOT_STATES
 from ...codec import Row
 from ._io import Tail, json_object, logger
@@ -106,7 +106,7 @@ class RunState:
             self.reset_snapshots()
         for text in lines:
             try:
-                value: object = json.loads(text)
+                value = loads(text)
             except ValueError:
                 logger.warning('skipping unreadable snapshot ledger line of %s: %r', self.paths.ledger, text[:200])
                 continue

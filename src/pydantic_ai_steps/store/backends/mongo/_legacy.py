@@ -11,14 +11,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from pymongo import DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
-from ...._json import compact_json
+from ...._json import compact_json, loads
 from ...._mongo import Document, collection
 from ...backend import Damaged
 from ._layout import EFFECTS, EVENTS, LOG, SNAPSHOTS, UPSTREAM_MESSAGES
@@ -31,9 +30,9 @@ def upstream_refs(raw: object) -> list[str] | list[object] | str:
     if not isinstance(raw, str):
         return f'its "messages" field must be a string, got {type(raw).__name__}'
     try:
-        value: object = json.loads(raw)
+        value = loads(raw)
     except ValueError as error:
-        return f'its "messages" field is not JSON: {error}'
+        return f'its "messages" field is {error}'
     if isinstance(value, list):
         return cast(list[object], value)
     if isinstance(value, dict):

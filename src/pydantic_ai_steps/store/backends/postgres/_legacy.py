@@ -8,11 +8,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, cast
 
-from ...._json import compact_json
+from ...._json import compact_json, loads
 from ...backend import Damaged
 from ._pool import PostgresConnection
 
@@ -23,9 +22,9 @@ def parse_legacy(seq: int, raw: object) -> list[str] | list[tuple[str]] | Damage
     if not isinstance(raw, str):
         return Damaged(where, f'its "messages" column must be text, got {raw!r}')
     try:
-        value: object = json.loads(raw)
+        value = loads(raw)
     except ValueError as error:
-        return Damaged(where, f'its "messages" column is not JSON: {error}')
+        return Damaged(where, f'its "messages" column is {error}')
     if isinstance(value, list):
         return [compact_json(item) for item in cast(list[object], value)]
     refs = cast(dict[str, Any], value).get('message_refs') if isinstance(value, dict) else None

@@ -297,7 +297,14 @@ class SqliteBackend(SqliteConnection):
                 'SELECT log_index, position, message FROM messages WHERE run_id = ? AND log_index < ? AND position < ?',
                 (run_id, min(below_index, 1 << 62), min(positions_below, 1 << 62)),
             )
-            return LogSlice([LogEntry(index, position, text) for index, position, text in rows])
+            entries: list[LogEntry] = []
+            missing: list[range] = []
+            for index, position, text in rows:
+                if type(index) is int and type(position) is int and type(text) is str:
+                    entries.append(LogEntry(index, position, text))
+                elif type(index) is int:  # a row edited to other types: its snapshots read as damaged
+                    missing.append(range(index, index + 1))
+            return LogSlice(entries, tuple(missing))
 
         return await self._run(read, inline=False)
 

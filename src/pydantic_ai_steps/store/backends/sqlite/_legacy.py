@@ -8,11 +8,10 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Any, cast
 
-from ...._json import compact_json
+from ...._json import compact_json, loads
 from ...backend import Damaged
 from ._schema import Columns
 
@@ -23,9 +22,9 @@ def legacy_texts(conn: sqlite3.Connection, columns: Columns, seq: int, raw: obje
     if not isinstance(raw, str):
         return Damaged(where, f'its "messages" column must be text, got {raw!r}')
     try:
-        value: object = json.loads(raw)
+        value = loads(raw)
     except ValueError as error:
-        return Damaged(where, f'its "messages" column is not JSON: {error}')
+        return Damaged(where, f'its "messages" column is {error}')
     if isinstance(value, list):
         return [compact_json(item) for item in cast(list[object], value)]
     if isinstance(value, dict) and isinstance(stored := cast(dict[str, Any], value).get('stored_messages'), int):
