@@ -179,10 +179,18 @@ async def test_a_planted_link_is_never_followed(tmp_path: Path) -> None:
     os.utime(target, (OLD, OLD))
     uri = media_uri_for(b'linked')
     (root / f'{digest(uri)}.bin').symlink_to(target)
-    await store.put(b'linked')  # the refresh touches the link, not what it points to
-    assert target.stat().st_mtime == OLD
+    for payload in (b'linked', b'linked' + b'\0' * (1 << 20)):  # a small put, and a large one's rename
+        (root / f'{digest(media_uri_for(payload))}.bin').unlink(missing_ok=True)
+        (root / f'{digest(media_uri_for(payload))}.bin').symlink_to(target)
+        with pytest.raises(PermissionError, match='is a symbolic link'):
+            await store.put(payload)  # neither taken for the blob nor written through
+        assert not await store.exists(media_uri_for(payload))
+        with pytest.raises(FileNotFoundError, match='media not found'):
+            await store.get(media_uri_for(payload))  # a read does not follow it either
+    assert target.read_bytes() == b'linked' and target.stat().st_mtime == OLD
     assert await store.delete(uri) is True  # the link goes; what it pointed to stays
     assert target.read_bytes() == b'linked' and target.stat().st_mtime == OLD
+    assert sorted(path.name for path in root.iterdir() if path.name.startswith('put-')) == []
 
 
 def fanned_out(uri: str, context: MediaContext) -> str:

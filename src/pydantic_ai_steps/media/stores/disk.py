@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import logging
 import os
 import re
@@ -47,7 +48,7 @@ import anyio.to_thread
 
 from ..._closing import AsyncClosing
 from ..._errors import check_bool
-from ..._files import UnsafeEntryError, check_directory, fsync_dir, store_path
+from ..._files import UnsafeEntryError, check_directory, check_file, fsync_dir, store_path
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
@@ -220,10 +221,9 @@ class DiskMediaStore(AsyncClosing):
     def _read_blob(self, path: Path, uri: str) -> bytes:
         if not self._enter(path.parent, create=False):
             raise FileNotFoundError(f'media not found: {uri}')
-        try:
-            data = path.read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
-            raise FileNotFoundError(f'media not found: {uri}') from None
+        data = _read_regular(path)
+        if data is None:
+            raise FileNotFoundError(f'media not found: {uri}')
         # On this worker thread, after the read: hashing pieces on a second thread while the
         # next ones are read was measured slower for files (the final copy and the page faults
         # of a preallocated buffer cost more than the overlap saves).
@@ -232,17 +232,16 @@ class DiskMediaStore(AsyncClosing):
         return data
 
     def _exists(self, path: Path) -> bool:
-        return self._enter(path.parent, create=False) and path.is_file()
+        return self._enter(path.parent, create=False) and _is_regular(path)
 
     def _read_metadata(self, path: Path, uri: str) -> dict[str, str]:
         if not self._exists(path):
             raise FileNotFoundError(f'media not found: {uri}')
-        try:
-            raw = _sidecar(path).read_text(encoding='utf-8')
-        except FileNotFoundError:
+        raw = _read_regular(_sidecar(path))
+        if raw is None:
             return {}
         try:
-            return decode_metadata(raw)
+            return decode_metadata(raw.decode('utf-8'))
         except ValueError as exc:
             raise ValueError(f'unreadable metadata sidecar for {uri} at {_sidecar(path)}: {exc}') from exc
 
@@ -394,8 +393,10 @@ def _sidecar(blob: Path) -> Path:
 
 
 def _refresh(blob: Path) -> bool:
-    """Mark a stored blob as put now (its mtime); `False` if there is none to mark."""
-    if not blob.is_file():
+    """Mark a stored blob as put now (its mtime); `False` if there is none to mark. A link or another
+    kind of entry planted at its name is `UnsafeEntryError`: a put never writes through it, nor
+    takes it for the blob."""
+    if not check_file(blob, 'media blob'):
         return False
     try:
         os.utime(blob, follow_symlinks=_UTIME_FOLLOWS_LINKS)
@@ -410,16 +411,44 @@ def _next_batch(blobs: Iterator[BlobInfo]) -> list[BlobInfo]:
 
 def _hash_file(path: str) -> str | None:
     """SHA-256 of a regular file's bytes; `None` if it turned into something else (a link) meanwhile."""
+    file = _open_regular(path)
+    if file is None:
+        return None
+    with file:
+        return hashlib.file_digest(file, 'sha256').hexdigest()
+
+
+def _read_regular(path: Path) -> bytes | None:
+    """The bytes of the regular file at `path`; `None` if there is none, or another kind of entry (a
+    link planted there, a folder) is there instead: a read never follows a link."""
+    file = _open_regular(path)
+    if file is None:
+        return None
+    with file:
+        return file.read()
+
+
+def _open_regular(path: str | Path) -> io.BufferedReader | None:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0))
+    except FileNotFoundError:
+        return None
     except OSError as error:
         if error.errno == errno.ELOOP:
             return None
         raise
-    with open(fd, 'rb') as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            return None
-        return hashlib.file_digest(file, 'sha256').hexdigest()
+    file = open(fd, 'rb')  # noqa: SIM115 - returned open, closed by the caller
+    if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+        file.close()
+        return None
+    return file
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _write_atomic(target: Path, payload: bytes, durable: bool) -> None:
