@@ -201,10 +201,20 @@ def check_json_map(value: object, what: str) -> dict[str, Any]:
     return checked
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _check_json(value: object, where: str, depth: int = 0) -> None:
     if depth > 32:
         raise InvalidRecordError(f'{where} is nested more than 32 levels deep')
-    if value is None or isinstance(value, str | bool | int):
+    if value is None or isinstance(value, str | bool):
+        return
+    if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:  # MongoDB holds no more; JSON readers cap digits too
+            raise InvalidRecordError(
+                f'{where} must be an integer of 64 bits at most, which every store can hold, '
+                f'got one of {value.bit_length()} bits'
+            )
         return
     if isinstance(value, float):
         if not math.isfinite(value):

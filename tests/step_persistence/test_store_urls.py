@@ -53,12 +53,27 @@ def test_an_at_sign_in_the_query_alone_is_not_taken_for_a_password() -> None:
         ('postgresql://app:s3cret@127.0.0.1:99999/db', 'Port out of range'),
         ('postgresql://app:s3cret@[::1/db', 'Invalid IPv6 URL'),
         ('mongodb://app:s3cret@127.0.0.1:70000/agents', 'Port out of range'),
+        ('mongodb://app:s3cret@h1:27017,h2:70000/agents', 'Port out of range'),
+        ('postgresql://app:s3cret@h1:5432,h2:x/db', 'Port could not be cast'),
     ],
 )
 def test_a_malformed_server_url_is_a_store_url_error_naming_it(url: str, reason: str) -> None:
     with pytest.raises(StoreUrlError, match=reason) as refused:
         open_step_store(url)
     assert 'app:***@' in str(refused.value) and 's3cret' not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    'url',
+    [
+        'mongodb://h1:27017,h2:27018/agents?replicaSet=rs',
+        'mongodb://[::1]:27017,[::2]:27018/agents',
+        'postgresql://app@h1:5432,h2:5433/db',
+    ],
+)
+def test_a_url_naming_several_hosts_opens_as_the_driver_takes_it(url: str) -> None:
+    store = open_step_store(url)
+    assert type(store).__name__ == ('MongoStepStore' if url.startswith('mongodb') else 'PostgresStepStore')
 
 
 @pytest.mark.parametrize(

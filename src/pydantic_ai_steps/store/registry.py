@@ -184,7 +184,7 @@ class ServerScheme(StoreScheme):
             )
         try:
             parts = urlsplit(url)
-            parts.port  # noqa: B018 - read to check it: a port outside 0-65535 raises here
+            _check_ports(parts.netloc)
         except ValueError as error:
             raise StoreUrlError(
                 f'bad {self.scheme} store URL {redacted_url(url)!r}: {error}; expected {self.example}'
@@ -200,6 +200,13 @@ class ServerScheme(StoreScheme):
         except ImportError as error:
             raise StoreUrlError(f'{location.url} needs a driver that is not installed: {error}') from None
         return getattr(module, attribute)(location, **options)
+
+
+def _check_ports(netloc: str) -> None:
+    """Each host's port, if it has one, is a number in 0-65535: a URL may name several hosts
+    (`mongodb://h1:27017,h2:27017/db?replicaSet=rs`, libpq's `postgresql://u@h1:5432,h2:5432/db`)."""
+    for host in netloc.rpartition('@')[2].split(','):
+        urlsplit(f'//{host}').port  # noqa: B018 - read to check it: a port outside 0-65535 raises here
 
 
 def _host_in_query(query: str) -> bool:
