@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, UserPromptPart
+from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ToolReturnPart, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.media import DiskMediaStore, SqliteMediaStore
 from pydantic_ai_steps.step_persistence import (
     FileStepStore,
+    InMemoryStepStore,
     InvalidRecordError,
     RunRecord,
     SqliteStepStore,
@@ -527,3 +528,29 @@ async def test_file_store_lines_edited_to_other_types_are_skipped(tmp_path: Path
     index.write_text('\n'.join(lines) + '\n')
     events.unlink()
     assert await FileStepStore(root).list_runs(parent_run_id='good') == []
+
+
+@pytest.mark.parametrize('kind', ['memory', 'file', 'sqlite'])
+async def test_a_message_pydantic_ai_could_not_read_back_is_refused_not_stored(tmp_path: Path, kind: str) -> None:
+    """pydantic serializes what its JSON reader then refuses (past 200 levels of nesting, an integer
+    past 4300 digits): stored, that snapshot and every later one of the run would be skipped."""
+    store = {
+        'memory': InMemoryStepStore,
+        'file': lambda: FileStepStore(tmp_path / 'runs'),
+        'sqlite': lambda: SqliteStepStore(database=tmp_path / 'steps.db'),
+    }[kind]()
+    await store.register_run(RunRecord(run_id='r'))
+    settled = history(1)
+    await store.save_snapshot(snap('r', settled, step=1))
+    nested: object = 1
+    for _ in range(198):
+        nested = [nested]
+    for content, reason in ((10**5000, 'number out of range'), (nested, 'recursion limit exceeded')):
+        returned = ModelRequest(parts=[ToolReturnPart('t', content, tool_call_id='c9', timestamp=T0)])
+        with pytest.raises(InvalidRecordError, match=rf'message 3 of run .r. cannot be stored: .*{reason}'):
+            await store.save_snapshot(snap('r', [*settled, returned], step=2))
+    shallow: object = [[[10**4000]]]
+    kept = [*settled, ModelRequest(parts=[ToolReturnPart('t', shallow, tool_call_id='c9', timestamp=T0)])]
+    await store.save_snapshot(snap('r', kept, step=3))
+    latest = await store.latest_snapshot(run_id='r')
+    assert latest is not None and latest.step_index == 3 and dump(latest.messages) == dump(kept)
