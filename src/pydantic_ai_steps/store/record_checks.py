@@ -9,7 +9,8 @@ id checked once.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import operator
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from datetime import datetime
 
@@ -41,21 +42,53 @@ def _note_run(run_id: str, run_ids: set[str]) -> None:
         run_ids.add(run_id)
 
 
-_STR_OR_NONE = frozenset({str, type(None)})
+def _require_text(value: object, what: str) -> None:
+    if not isinstance(value, str):
+        raise InvalidRecordError(f'{what} must be a string, got {type(value).__name__} {value!r}')
 
 
-def _check_optional_strs(record: object, names: tuple[str, ...]) -> None:
-    """Each named field of `record` is a string or None (a value of another type would be stored by
-    one store, turned to text by another, and read back by none)."""
-    values = tuple(getattr(record, name) for name in names)
-    if not _STR_OR_NONE.issuperset(map(type, values)):  # the common case, in C; a str subclass is checked below
-        for name, value in zip(names, values, strict=True):
-            check_optional_str(value, f'{type(record).__name__}.{name}')
-
-
-def _check_step_index(value: object, what: str) -> None:
+def _require_int(value: object, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRecordError(f'{what} must be an int, got {value!r}')
+
+
+def _require_list(value: object, what: str) -> None:
+    if not isinstance(value, list):
+        raise InvalidRecordError(f'{what} must be a list, got {type(value).__name__}')
+
+
+def _require_optional_time(value: object, what: str) -> None:
+    if value is not None:
+        _check_time(value, what)
+
+
+_NONE = type(None)
+_ALLOWS: Callable[[frozenset[type], type], bool] = frozenset[type].__contains__
+_KINDS: dict[str, tuple[frozenset[type], Callable[[object, str], object]]] = {
+    'text': (frozenset({str}), _require_text),
+    'text?': (frozenset({str, _NONE}), check_optional_str),
+    'int': (frozenset({int}), _require_int),
+    'time': (frozenset({datetime}), lambda value, what: _check_time(value, what)),
+    'time?': (frozenset({datetime, _NONE}), _require_optional_time),
+    'list': (frozenset({list}), _require_list),
+}
+
+
+class _Fields:
+    """The typed fields of one kind of record. A value of another type would be stored by one store,
+    turned to text by another, and read back by none. Checked in C in the common case (each value's
+    exact type among those allowed); else field by field, where a subclass (of `str`, `datetime`) passes."""
+
+    def __init__(self, record: str, **kinds: str) -> None:
+        self._read = operator.attrgetter(*kinds)
+        self._allowed = tuple(_KINDS[kind][0] for kind in kinds.values())
+        self._checks = tuple((f'{record}.{name}', _KINDS[kind][1]) for name, kind in kinds.items())
+
+    def check(self, record: object) -> None:
+        values: tuple[object, ...] = self._read(record)
+        if not all(map(_ALLOWS, self._allowed, map(type, values))):
+            for (what, check), value in zip(self._checks, values, strict=True):
+                check(value, what)
 
 
 def _check_choice(value: object, allowed: Collection[str], field: str) -> None:
@@ -74,58 +107,53 @@ def checked_run(record: RunRecord) -> RunRecord:
     return record
 
 
-_EVENT_TEXTS = (
-    'conversation_id',
-    'parent_run_id',
-    'agent_name',
-    'tool_call_id',
-    'tool_name',
-    'error',
-    'idempotency_key',
-    'tool_args',
+_OPTIONAL_TEXTS = ('conversation_id', 'parent_run_id', 'agent_name')
+_EVENT_FIELDS = _Fields(
+    'StepEvent',
+    step_index='int',
+    timestamp='time',
+    **dict.fromkeys((*_OPTIONAL_TEXTS, 'tool_call_id', 'tool_name', 'error', 'idempotency_key', 'tool_args'), 'text?'),
 )
-_EFFECT_TEXTS = ('idempotency_key', 'effect_summary', 'resolved_by', 'resolution_note')
-_SNAPSHOT_TEXTS = ('conversation_id', 'parent_run_id', 'agent_name', 'idempotency_key')
+_EFFECT_FIELDS = _Fields(
+    'ToolEffectRecord',
+    tool_call_id='text',
+    tool_name='text',
+    started_at='time',
+    ended_at='time?',
+    resolved_at='time?',
+    **dict.fromkeys(('idempotency_key', 'effect_summary', 'resolved_by', 'resolution_note'), 'text?'),
+)
+_SNAPSHOT_FIELDS = _Fields(
+    'ContinuableSnapshot',
+    step_index='int',
+    timestamp='time',
+    messages='list',
+    **dict.fromkeys((*_OPTIONAL_TEXTS, 'idempotency_key'), 'text?'),
+)
 
 
 def checked_event(event: StepEvent, run_ids: set[str]) -> StepEvent:
     _note_run(event.run_id, run_ids)
     _check_choice(event.kind, EVENT_KINDS, 'StepEvent.kind')
-    _check_step_index(event.step_index, 'StepEvent.step_index')
-    _check_optional_strs(event, _EVENT_TEXTS)
+    _EVENT_FIELDS.check(event)
     if event.metadata:
         check_str_map(event.metadata, 'StepEvent.metadata')
-    _check_time(event.timestamp, 'StepEvent.timestamp')
     return event
 
 
 def checked_effect(record: ToolEffectRecord, run_ids: set[str]) -> ToolEffectRecord:
     _note_run(record.run_id, run_ids)
     _check_choice(record.status, TOOL_EFFECT_STATUSES, 'ToolEffectRecord.status')
-    if not isinstance(record.tool_call_id, str) or not isinstance(record.tool_name, str):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise InvalidRecordError(
-            f'ToolEffectRecord.tool_call_id and tool_name must be strings, got {record.tool_call_id!r}, '
-            f'{record.tool_name!r}'
-        )
-    _check_time(record.started_at, 'ToolEffectRecord.started_at')
-    _check_optional_strs(record, _EFFECT_TEXTS)
-    if record.ended_at is not None:
-        _check_time(record.ended_at, 'ToolEffectRecord.ended_at')
+    _EFFECT_FIELDS.check(record)
     if record.resolution is not None:
         _check_choice(record.resolution, EFFECT_RESOLUTIONS, 'ToolEffectRecord.resolution')
-    if record.resolved_at is not None:
-        _check_time(record.resolved_at, 'ToolEffectRecord.resolved_at')
     return record
 
 
 def checked_snapshot(snapshot: ContinuableSnapshot, run_ids: set[str]) -> None:
     _note_run(snapshot.run_id, run_ids)
     _check_choice(snapshot.state, SNAPSHOT_STATES, 'ContinuableSnapshot.state')
-    _check_step_index(snapshot.step_index, 'ContinuableSnapshot.step_index')
-    _check_optional_strs(snapshot, _SNAPSHOT_TEXTS)
-    if not isinstance(snapshot.messages, list):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise InvalidRecordError(f'ContinuableSnapshot.messages must be a list, got {type(snapshot.messages).__name__}')
-    _check_time(snapshot.timestamp, 'ContinuableSnapshot.timestamp')
+    _SNAPSHOT_FIELDS.check(snapshot)
 
 
 def checked_delta(delta: SnapshotDelta) -> None:
