@@ -193,6 +193,19 @@ async def test_a_planted_link_is_never_followed(tmp_path: Path) -> None:
     assert sorted(path.name for path in root.iterdir() if path.name.startswith('put-')) == []
 
 
+async def test_a_folder_at_a_blobs_name_reads_as_missing_and_holds_no_descriptor(tmp_path: Path) -> None:
+    store = DiskMediaStore(tmp_path)
+    uri = media_uri_for(b'shadowed')
+    (tmp_path / f'{digest(uri)}.bin').mkdir()
+    (tmp_path / f'{digest(uri)}.bin{disk.SIDECAR_SUFFIX}').mkdir()
+    descriptors = len(os.listdir('/proc/self/fd'))
+    for _ in range(5):
+        with pytest.raises(FileNotFoundError, match='media not found'):
+            await store.get(uri)
+    assert len(os.listdir('/proc/self/fd')) == descriptors
+    assert not await store.exists(uri)
+
+
 def fanned_out(uri: str, context: MediaContext) -> str:
     return f'{digest(uri)[:2]}/{digest(uri)}.bin'
 

@@ -437,11 +437,10 @@ def _open_regular(path: str | Path) -> io.BufferedReader | None:
         if error.errno == errno.ELOOP:
             return None
         raise
-    file = open(fd, 'rb')  # noqa: SIM115 - returned open, closed by the caller
-    if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-        file.close()
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder opens too: looked at before `open` would refuse it
+        os.close(fd)
         return None
-    return file
+    return open(fd, 'rb')
 
 
 def _is_regular(path: Path) -> bool:
