@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-import pydantic
 import pydantic_core
 from pydantic_ai.messages import ModelMessage, ModelRequest
 
@@ -152,7 +151,7 @@ class MessageLog:
                 continue
             if '\ufffd' in text and _holds_lone_surrogate(MessageAdapter.dump_python(message)):
                 raise _lone_surrogate(snapshot.run_id, position)  # pydantic put U+FFFD for one in a dict key
-            _check_readable(text, f'message {position} of run {snapshot.run_id!r}')
+            _check_readable(text, snapshot.run_id, position)
             if moved:
                 stored = text  # its base's stored parts, and new fields `_restamped` found nothing to move in
             else:
@@ -261,7 +260,7 @@ class MessageLog:
         """A full message text of `delta` (at `offset` in its appends) as this store keeps it:
         payloads at or above the threshold moved to the media store, more of them if the text is
         longer than the backend holds (the text itself when nothing is moved)."""
-        _check_readable(text, f'the message appended at offset {offset} by the snapshot delta of run {delta.run_id!r}')
+        _check_readable(text, delta.run_id, offset, appended=True)
         stored = await self._externalize(text, {})
         if self.max_text_bytes is not None and _utf8_length(stored) > self.max_text_bytes:
             stored = await self._fit(f'appended at offset {offset} by the snapshot delta', delta, text, stored, {})
@@ -353,11 +352,11 @@ class MessageLog:
 _READER_DEPTH = 190
 """Below this many `[` and `{` a message text cannot reach the 200 levels of nesting pydantic-core's
 JSON parser reads (the history's own list is one of them)."""
-_LONG_INTEGER = re.compile(r'\d{4301}')
+_LONG_INTEGER = re.compile(r'(?<![0-9])[0-9]{4301}')  # tried at the start of each run of digits only
 """More digits than Python converts to an int, so than pydantic-core's JSON parser reads."""
 
 
-def _check_readable(text: str, which: str) -> None:
+def _check_readable(text: str, run_id: str, position: int, *, appended: bool = False) -> None:
     """Refuse a message its readers could not parse back, though pydantic serialized it: nested
     deeper than its parser reads, or holding an integer longer than it converts (a tool's return
     can hold either). Stored, every later snapshot of the run would hold it and be skipped as
@@ -367,13 +366,16 @@ def _check_readable(text: str, which: str) -> None:
     if text.count('[') + text.count('{') < _READER_DEPTH and (len(text) <= 4301 or not _LONG_INTEGER.search(text)):
         return
     try:
-        messages_from_json([text])
-    except pydantic.ValidationError as error:
-        reason = error.errors()[0]['msg']
+        pydantic_core.from_json(f'[{text}]')  # the parser readers use, nesting as in a history's list
+    except ValueError as error:
+        reason = str(error)
+        which = (
+            f'the message appended at offset {position} by the snapshot delta' if appended else f'message {position}'
+        )
         raise InvalidRecordError(
-            f'{which} cannot be stored: pydantic-ai could not read it back ({reason}; its JSON reader takes '
-            'at most 200 levels of nesting and integers of at most 4300 digits); no record of this write was '
-            'stored. Return such a value from a tool as text, or shallower'
+            f'{which} of run {run_id!r} cannot be stored: pydantic-ai could not read it back ({reason}; its '
+            'JSON reader takes at most 200 levels of nesting and integers of at most 4300 digits); no record '
+            'of this write was stored. Return such a value from a tool as text, or shallower'
         ) from None
 
 
