@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import unicodedata
 from collections.abc import Mapping
 from datetime import datetime
@@ -201,20 +202,21 @@ def check_json_map(value: object, what: str) -> dict[str, Any]:
     return checked
 
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
 def _check_json(value: object, where: str, depth: int = 0) -> None:
     if depth > 32:
         raise InvalidRecordError(f'{where} is nested more than 32 levels deep')
     if value is None or isinstance(value, str | bool):
         return
     if isinstance(value, int):
-        if not _INT64_MIN <= value <= _INT64_MAX:  # MongoDB holds no more; JSON readers cap digits too
-            raise InvalidRecordError(
-                f'{where} must be an integer of 64 bits at most, which every store can hold, '
-                f'got one of {value.bit_length()} bits'
-            )
+        limit = sys.get_int_max_str_digits()  # 0: no limit
+        if limit and value.bit_length() > 3 * limit:  # fewer bits than this are fewer digits than the limit
+            try:
+                str(value)
+            except ValueError:
+                raise InvalidRecordError(
+                    f'{where} is an integer of more than {limit} digits, which Python does not turn into '
+                    'text (nor read back from JSON); store it as a string'
+                ) from None
         return
     if isinstance(value, float):
         if not math.isfinite(value):
