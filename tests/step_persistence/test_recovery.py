@@ -165,6 +165,22 @@ async def test_only_the_run_given_the_returned_history_records_its_origin() -> N
     assert unknown is not None and unknown.continued_from is None
 
 
+async def test_a_delegate_given_another_parent_names_no_call_of_the_run_around_it() -> None:
+    """A run inside a tool of run A that names its parent explicitly (a queued job's, say): the call
+    in progress is A's, in no ledger of that parent, so none is recorded."""
+    store = InMemoryStepStore()
+    worker = Agent(scripted('queued work'), capabilities=[StepPersistence(store=store, parent_run_id='queued-parent')])
+    caller = Agent(scripted([call('enqueue', 'c-of-a')], 'done'), capabilities=[StepPersistence(store=store)])
+
+    @caller.tool_plain
+    async def enqueue() -> str:  # pyright: ignore[reportUnusedFunction]
+        return (await worker.run('work')).output
+
+    await caller.run('go')
+    (queued,) = await store.list_runs(parent_run_id='queued-parent')
+    assert queued.parent_tool_call_id is None
+
+
 async def test_recovery_helpers_name_an_argument_of_the_wrong_type() -> None:
     store = InMemoryStepStore()
     bad: Any = None

@@ -18,11 +18,13 @@ def parent_of(explicit: str | None) -> tuple[str | None, str | None]:
     run in progress around this one (a delegate agent's parent).
 
     Only `explicit` can name a parent in another process. The tool call is the one in progress
-    where this run starts; a run resets it for its own duration (`StepPersistence.wrap_run`), so a
-    run its model or a history processor starts names no call of the grandparent.
+    where this run starts, when it is a call of the parent; a run resets it for its own duration
+    (`StepPersistence.wrap_run`), so a run its model or a history processor starts names no call
+    of the grandparent.
     """
-    parent = explicit if explicit is not None else _context.current_run_id()
-    return parent, _context.current_tool_call_id.get() if parent is not None else None
+    around = _context.current_run_id()
+    parent = explicit if explicit is not None else around
+    return parent, _context.current_tool_call_id.get() if parent is not None and parent == around else None
 
 
 def run_record(
