@@ -93,19 +93,24 @@ async def test_include_interrupted_gives_back_the_unanswered_call_and_pydantic_a
     assert answers and 'interrupted' in str(answers[0].content)
 
 
-async def test_a_delegate_records_the_tool_call_that_started_it() -> None:
-    store = InMemoryStepStore()
-    child = Agent(scripted('child answer'), capabilities=[StepPersistence(store=store, agent_name='billing')])
+def delegating(store: InMemoryStepStore, delegate: Agent[None, str], call_id: str, agent_name: str) -> Agent[None, str]:
+    """A persisted agent whose one tool, `ask`, runs `delegate` on its question (call `call_id`)."""
     parent = Agent(
-        scripted([call('ask_billing', 'call-77', question='refund?')], 'done'),
-        capabilities=[StepPersistence(store=store, agent_name='support')],
+        scripted([call('ask', call_id, question='refund?')], 'done'),
+        capabilities=[StepPersistence(store=store, agent_name=agent_name)],
     )
 
     @parent.tool_plain
-    async def ask_billing(question: str) -> str:  # pyright: ignore[reportUnusedFunction]
-        return (await child.run(question)).output
+    async def ask(question: str) -> str:  # pyright: ignore[reportUnusedFunction]
+        return (await delegate.run(question)).output
 
-    result = await parent.run('go')
+    return parent
+
+
+async def test_a_delegate_records_the_tool_call_that_started_it() -> None:
+    store = InMemoryStepStore()
+    child = Agent(scripted('child answer'), capabilities=[StepPersistence(store=store, agent_name='billing')])
+    result = await delegating(store, child, 'call-77', 'support').run('go')
     record = await run_record_for(store, result)
     assert record is not None
     (delegate,) = await store.list_runs(parent_run_id=record.run_id)
@@ -125,16 +130,7 @@ async def test_a_run_started_outside_any_tool_of_its_parent_names_no_tool_call()
         return ModelResponse(parts=[TextPart('answer')])
 
     librarian = Agent(FunctionModel(librarian_model), capabilities=[StepPersistence(store=store, agent_name='lib')])
-    orchestrator = Agent(
-        scripted([call('ask', 'call-1', question='q')], 'done'),
-        capabilities=[StepPersistence(store=store, agent_name='orchestrator')],
-    )
-
-    @orchestrator.tool_plain
-    async def ask(question: str) -> str:  # pyright: ignore[reportUnusedFunction]
-        return (await librarian.run(question)).output
-
-    await orchestrator.run('go')
+    await delegating(store, librarian, 'call-1', 'orchestrator').run('go')
     runs = {run.agent_name: run for run in await store.list_runs()}
     assert runs['lib'].parent_run_id == runs['orchestrator'].run_id
     assert runs['lib'].parent_tool_call_id == 'call-1'
@@ -170,13 +166,7 @@ async def test_a_delegate_given_another_parent_names_no_call_of_the_run_around_i
     in progress is A's, in no ledger of that parent, so none is recorded."""
     store = InMemoryStepStore()
     worker = Agent(scripted('queued work'), capabilities=[StepPersistence(store=store, parent_run_id='queued-parent')])
-    caller = Agent(scripted([call('enqueue', 'c-of-a')], 'done'), capabilities=[StepPersistence(store=store)])
-
-    @caller.tool_plain
-    async def enqueue() -> str:  # pyright: ignore[reportUnusedFunction]
-        return (await worker.run('work')).output
-
-    await caller.run('go')
+    await delegating(store, worker, 'c-of-a', 'caller').run('go')
     (queued,) = await store.list_runs(parent_run_id='queued-parent')
     assert queued.parent_tool_call_id is None
 
