@@ -57,6 +57,11 @@ def _require_list(value: object, what: str) -> None:
         raise InvalidRecordError(f'{what} must be a list, got {type(value).__name__}')
 
 
+def _check_time(value: object, what: str) -> None:
+    if not isinstance(value, datetime):
+        raise InvalidRecordError(f'{what} must be a datetime, got {value!r}')
+
+
 def _require_optional_time(value: object, what: str) -> None:
     if value is not None:
         _check_time(value, what)
@@ -68,7 +73,7 @@ _KINDS: dict[str, tuple[frozenset[type], Callable[[object, str], object]]] = {
     'text': (frozenset({str}), _require_text),
     'text?': (frozenset({str, _NONE}), check_optional_str),
     'int': (frozenset({int}), _require_int),
-    'time': (frozenset({datetime}), lambda value, what: _check_time(value, what)),
+    'time': (frozenset({datetime}), _check_time),
     'time?': (frozenset({datetime, _NONE}), _require_optional_time),
     'list': (frozenset({list}), _require_list),
 }
@@ -177,11 +182,6 @@ def checked_delta(delta: SnapshotDelta) -> None:
             raise InvalidRecordError(f'SnapshotDelta.appends texts must be JSON object texts, got {str(text)[:80]!r}')
     check_optional_str(delta.idempotency_key, 'SnapshotDelta.idempotency_key')
     _check_time(delta.timestamp, 'SnapshotDelta.timestamp')
-
-
-def _check_time(value: object, what: str) -> None:
-    if not isinstance(value, datetime):
-        raise InvalidRecordError(f'{what} must be a datetime, got {value!r}')
 
 
 def checked_query(query: RunQuery) -> RunQuery:
