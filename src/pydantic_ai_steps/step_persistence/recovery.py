@@ -24,6 +24,7 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.run import AgentRunResult
 
+from .._errors import check_bool
 from .._records import ContinuableSnapshot, RunRecord, SnapshotRef, ToolEffectRecord
 from ..capability._histories import remember_origin
 from ..store.protocol import StepStore
@@ -83,7 +84,7 @@ async def continue_run(store: StepStore, *, run_id: str, include_interrupted: bo
     interrupted one gives back). Raises `LookupError` when the run has no such snapshot.
     """
     _check_id(run_id, 'run_id')
-    snapshot = await _latest(store, run_id, _check_flag(include_interrupted, 'include_interrupted'))
+    snapshot = await _latest(store, run_id, check_bool(include_interrupted, 'include_interrupted'))
     return _history(snapshot, 'continued')
 
 
@@ -96,8 +97,8 @@ async def fork_run(
     run given them starts a conversation of its own (pydantic-ai assigns one, or takes yours).
     """
     _check_id(run_id, 'run_id')
-    _check_flag(new_conversation, 'new_conversation')
-    snapshot = await _latest(store, run_id, _check_flag(include_interrupted, 'include_interrupted'))
+    check_bool(new_conversation, 'new_conversation')
+    snapshot = await _latest(store, run_id, check_bool(include_interrupted, 'include_interrupted'))
     if new_conversation:
         snapshot.messages = [_without_conversation(message) for message in snapshot.messages]
     return _history(snapshot, 'forked')
@@ -117,7 +118,7 @@ async def continue_conversation(
     the conversation has a continuable snapshot.
     """
     _check_id(conversation_id, 'conversation_id')  # `None` would mean every conversation
-    _check_flag(include_interrupted, 'include_interrupted')
+    check_bool(include_interrupted, 'include_interrupted')
     list_runs: Any = store.list_runs
     try:
         runs: list[RunRecord] = await list_runs(conversation_id=conversation_id, newest_first=True)
@@ -137,12 +138,6 @@ async def continue_conversation(
 def _check_id(value: object, name: str) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f'{name} must be a non-empty string, got {value!r}')
-
-
-def _check_flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f'{name} must be True or False, got {value!r}')
-    return value
 
 
 async def _latest(store: StepStore, run_id: str, include_interrupted: bool) -> ContinuableSnapshot:

@@ -353,8 +353,9 @@ class MessageLog:
 _READER_DEPTH = 190
 """Below this many `[` and `{` a message text cannot reach the 200 levels of nesting pydantic-core's
 JSON parser reads (the history's own list is one of them)."""
-_LONG_INTEGER = re.compile(r'(?<![0-9])[0-9]{4301}')  # tried at the start of each run of digits only
-"""More digits than Python converts to an int, so than pydantic-core's JSON parser reads."""
+_READER_DIGITS = 4300
+"""The most digits of an integer pydantic-core's JSON parser reads."""
+_LONG_INTEGER = re.compile(rf'(?<![0-9])[0-9]{{{_READER_DIGITS + 1}}}')  # tried at the start of each run of digits
 
 
 def _check_readable(text: str, run_id: str, position: int, *, appended: bool = False) -> None:
@@ -364,7 +365,9 @@ def _check_readable(text: str, run_id: str, position: int, *, appended: bool = F
     unreadable. Only a text long enough and with brackets enough for either is parsed here."""
     if len(text) < 2 * _READER_DEPTH:
         return
-    if text.count('[') + text.count('{') < _READER_DEPTH and (len(text) <= 4301 or not _LONG_INTEGER.search(text)):
+    if text.count('[') + text.count('{') < _READER_DEPTH and (
+        len(text) <= _READER_DIGITS or not _LONG_INTEGER.search(text)
+    ):
         return
     try:
         pydantic_core.from_json(f'[{text}]')  # the parser readers use, nesting as in a history's list
@@ -375,8 +378,8 @@ def _check_readable(text: str, run_id: str, position: int, *, appended: bool = F
         )
         raise InvalidRecordError(
             f'{which} of run {run_id!r} cannot be stored: pydantic-ai could not read it back ({reason}; its '
-            'JSON reader takes at most 200 levels of nesting and integers of at most 4300 digits); no record '
-            'of this write was stored. Return such a value from a tool as text, or shallower'
+            f'JSON reader takes at most 200 levels of nesting and integers of at most {_READER_DIGITS} digits); '
+            'no record of this write was stored. Return such a value from a tool as text, or shallower'
         ) from None
 
 
