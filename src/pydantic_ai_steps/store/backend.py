@@ -43,7 +43,7 @@ The contract, checked by `pydantic_ai_steps.testing.backend.BackendConformance`:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -169,11 +169,27 @@ class LogSlice:
 
     entries: Sequence[LogEntry]
     missing: tuple[range, ...] = ()
-    """Index ranges that held entries the backend could not read (a damaged line). A SQL backend has
-    none; entries removed on purpose (compaction) are not missing."""
+    """Index ranges that held entries the backend could not read (a damaged line, a row of other
+    types); entries removed on purpose (compaction) are not missing."""
     readable_end: int | None = None
     """Where the readable log ends, for a backend that can lose its tail (a torn or lost last line):
     no entry at or beyond it could be read. `None`: nothing is known to be lost."""
+
+
+def log_slice(rows: Iterable[tuple[object, object, object]]) -> LogSlice:
+    """A slice of `(log_index, position, text)` rows as read. A row whose index is an int but whose
+    position or text is of another type (edited by hand, or by another program) is missing, so the
+    snapshots that need it read as damaged; a row without an int index names no entry."""
+    entries: list[LogEntry] = []
+    missing: list[range] = []
+    for index, position, text in rows:
+        if type(index) is not int:
+            continue
+        if type(position) is int and type(text) is str:
+            entries.append(LogEntry(index, position, text))
+        else:
+            missing.append(range(index, index + 1))
+    return LogSlice(entries, tuple(missing))
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,13 +67,13 @@ from ...backend import (
     SUPPRESSED,
     CommitOutcome,
     Damaged,
-    LogEntry,
     LogSlice,
     Probe,
     Row,
     SnapshotRow,
     SnapshotWrite,
     WriteBatch,
+    log_slice,
 )
 from ...codec import RESOLUTION_FIELDS, Encoding
 from ._layout import (
@@ -373,17 +373,8 @@ class MongoBackend:
             'position': {'$lt': min(positions_below, 1 << 62)},
         }
         projection = {'_id': 0, 'log_index': 1, 'position': 1, 'message': 1}
-        entries: list[LogEntry] = []
-        missing: list[range] = []
-        async for document in self._collection(LOG).find(selector, projection=projection, batch_size=10_000):
-            index, position, text = document.get('log_index'), document.get('position'), document.get('message')
-            if not _is_int(index):
-                continue
-            if _is_int(position) and isinstance(text, str):
-                entries.append(LogEntry(index, position, text))
-            else:
-                missing.append(range(index, index + 1))
-        return LogSlice(entries, tuple(missing))
+        cursor = self._collection(LOG).find(selector, projection=projection, batch_size=10_000)
+        return log_slice([(doc.get('log_index'), doc.get('position'), doc.get('message')) async for doc in cursor])
 
     async def texts_mentioning(self, needle: str) -> AsyncIterator[str]:
         pattern = {'$regex': re.escape(needle)}

@@ -14,7 +14,17 @@ from typing import Any
 
 from ...._errors import RunAlreadyExistsError, RunNotFoundError
 from ...._records import RunQuery
-from ...backend import STALE, SUPPRESSED, CommitOutcome, LogEntry, LogSlice, Probe, Row, SnapshotRow, WriteBatch
+from ...backend import (
+    STALE,
+    SUPPRESSED,
+    CommitOutcome,
+    LogSlice,
+    Probe,
+    Row,
+    SnapshotRow,
+    WriteBatch,
+    log_slice,
+)
 from ...codec import EFFECT_FIELDS, EVENT_FIELDS, RESOLUTION_FIELDS, RUN_FIELDS, SNAPSHOT_FIELDS, TEXT
 from .._offload import run_blocking
 from .._sql import SQLITE, order_and_limit, run_filters
@@ -297,14 +307,7 @@ class SqliteBackend(SqliteConnection):
                 'SELECT log_index, position, message FROM messages WHERE run_id = ? AND log_index < ? AND position < ?',
                 (run_id, min(below_index, 1 << 62), min(positions_below, 1 << 62)),
             )
-            entries: list[LogEntry] = []
-            missing: list[range] = []
-            for index, position, text in rows:
-                if type(index) is int and type(position) is int and type(text) is str:
-                    entries.append(LogEntry(index, position, text))
-                elif type(index) is int:  # a row edited to other types: its snapshots read as damaged
-                    missing.append(range(index, index + 1))
-            return LogSlice(entries, tuple(missing))
+            return log_slice(rows)
 
         return await self._run(read, inline=False)
 
