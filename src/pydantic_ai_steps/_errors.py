@@ -161,16 +161,25 @@ def check_optional_str(value: object, what: str) -> str | None:
     return value
 
 
-def check_optional_text(value: object, what: str) -> str | None:
-    """`check_optional_str`, and text every store can hold: no lone surrogate, which UTF-8 cannot encode."""
-    text = check_optional_str(value, what)
-    if text is not None:
+def check_encodable(text: str, what: str) -> None:
+    """Text every store can hold: no lone surrogate (what `surrogateescape` decoding of a file name
+    leaves), which UTF-8 cannot encode, so SQLite, PostgreSQL and MongoDB refuse it and JSON files
+    would hold bytes no UTF-8 reader takes. One rule for every store, the in-memory one included."""
+    if not text.isascii():
         try:
             text.encode('utf-8')
         except UnicodeEncodeError as error:
             raise InvalidRecordError(
-                f'{what} is not valid Unicode text: a lone surrogate {text[error.start]!r} at position {error.start}'
+                f'{what} is not valid Unicode text: a lone surrogate {text[error.start]!r} at position '
+                f"{error.start}; decode such text with errors='replace' (or 'backslashreplace') first"
             ) from None
+
+
+def check_optional_text(value: object, what: str) -> str | None:
+    """`check_optional_str`, and text every store can hold (`check_encodable`)."""
+    text = check_optional_str(value, what)
+    if text is not None:
+        check_encodable(text, what)
     return text
 
 
@@ -184,6 +193,9 @@ def check_str_map(value: object, what: str) -> dict[str, str]:
                 f'{what} must map strings to strings, got {key!r}: {item!r} ({type(item).__name__}); '  # pyright: ignore[reportUnknownArgumentType]
                 'convert values with str() first'
             )
+        if not (key.isascii() and item.isascii()):
+            check_encodable(key, f'{what} key {key!r}')
+            check_encodable(item, f'{what}[{key!r}]')
     return dict(value)  # pyright: ignore[reportUnknownArgumentType]
 
 
@@ -197,6 +209,8 @@ def check_json_map(value: object, what: str) -> dict[str, Any]:
     for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
         if not isinstance(key, str):
             raise InvalidRecordError(f'{what} keys must be strings, got {key!r}')
+        if not key.isascii():
+            check_encodable(key, f'{what} key {key!r}')
         _check_json(item, f'{what}[{key!r}]')  # pyright: ignore[reportUnknownArgumentType]
         checked[key] = item
     return checked
@@ -205,7 +219,10 @@ def check_json_map(value: object, what: str) -> dict[str, Any]:
 def _check_json(value: object, where: str, depth: int = 0) -> None:
     if depth > 32:
         raise InvalidRecordError(f'{where} is nested more than 32 levels deep')
-    if value is None or isinstance(value, str | bool):
+    if isinstance(value, str):
+        check_encodable(value, where)
+        return
+    if value is None or isinstance(value, bool):
         return
     if isinstance(value, int):
         limit = sys.get_int_max_str_digits()  # 0: no limit
@@ -230,6 +247,8 @@ def _check_json(value: object, where: str, depth: int = 0) -> None:
         for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
             if not isinstance(key, str):
                 raise InvalidRecordError(f'{where} keys must be strings, got {key!r}')
+            if not key.isascii():
+                check_encodable(key, f'{where} key {key!r}')
             _check_json(item, f'{where}[{key!r}]', depth + 1)  # pyright: ignore[reportUnknownArgumentType]
         return
     raise InvalidRecordError(

@@ -173,7 +173,7 @@ async def test_a_nul_character_postgresql_cannot_hold_is_a_clear_error_and_nothi
     ('summary', 'refusal'),
     [
         ('secret-\x00', r"run 'r'.*NUL character \(U\+0000\).*nothing of the write"),
-        ('secret-\ud800', r"run 'r'.*cannot be sent to PostgreSQL.*surrogates.*nothing of the write"),
+        ('secret-\ud800', r'ToolEffectRecord\.effect_summary is not valid Unicode text: a lone surrogate'),
     ],
     ids=['nul', 'lone surrogate'],
 )

@@ -358,24 +358,35 @@ async def test_annotations_survive_completion() -> None:
     assert record.effect_summary == "set label 'docs' on issue #3"
 
 
-async def test_an_annotation_of_the_wrong_type_is_refused_and_the_entry_kept() -> None:
-    """The entry a tool annotates is the one record a recovery needs: a key that no store could read
-    back fails the tool, by name, and the entry stays as it was."""
+@pytest.mark.parametrize(
+    ('annotation', 'message'),
+    [
+        ({'idempotency_key': 7}, r'annotate_tool_effect\(idempotency_key=...\) must be a string or None, got int 7'),
+        (  # what `surrogateescape` decoding of a file name leaves: no UTF-8 store could hold it
+            {'effect_summary': 'wrote report-\udcff.txt'},
+            r"annotate_tool_effect\(effect_summary=...\) is not valid Unicode text: a lone surrogate '\\udcff'",
+        ),
+    ],
+    ids=['wrong type', 'lone surrogate'],
+)
+async def test_an_annotation_no_store_could_read_back_is_refused_and_the_entry_kept(
+    annotation: dict[str, Any], message: str
+) -> None:
+    """The entry a tool annotates is the one record a recovery needs: a key or summary that no store
+    could read back fails the tool, by name, and the entry stays as it was."""
     store = InMemoryStepStore()
     agent = Agent(scripted([call('post', 'c1', issue=7)], 'done'), capabilities=[StepPersistence(store=store)])
 
     @agent.tool
     async def post(ctx: RunContext[None], issue: int) -> str:
-        key: Any = issue
-        await annotate_tool_effect(store, ctx, idempotency_key=key)
+        await annotate_tool_effect(store, ctx, **annotation)
         return 'posted'
 
-    with pytest.raises(
-        InvalidRecordError, match=r'annotate_tool_effect\(idempotency_key=...\) must be a string or None, got int 7'
-    ):
+    with pytest.raises(InvalidRecordError, match=message):
         await agent.run('go')
     record = await store.get_tool_effect(run_id=(await only_run(store)).run_id, tool_call_id='c1')
     assert record is not None and record.status == 'failed' and record.idempotency_key is None
+    assert record.effect_summary is not None and record.effect_summary.startswith('InvalidRecordError(')
 
 
 async def test_annotate_outside_a_persisted_tool_call_is_a_no_op() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic_ai.tools import RunContext
 
-from .._errors import check_optional_str
+from .._errors import check_optional_text
 from .._records import ToolEffectRecord
 from ..store.protocol import ManagedStepStore, StepStore
 from . import _context
@@ -26,8 +26,8 @@ async def annotate_tool_effect(
     A tool that runs in another process than its run (a Temporal activity) finds its run in the
     store by pydantic-ai's run id, with a store that can filter by it (every shipped one).
     """
-    check_optional_str(idempotency_key, 'annotate_tool_effect(idempotency_key=...)')
-    check_optional_str(effect_summary, 'annotate_tool_effect(effect_summary=...)')
+    check_optional_text(idempotency_key, 'annotate_tool_effect(idempotency_key=...)')
+    check_optional_text(effect_summary, 'annotate_tool_effect(effect_summary=...)')
     if ctx.tool_call_id is None or ctx.tool_name is None:
         return
     run_id = _context.current_run_id()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._errors import InvalidRecordError, check_optional_str, check_run_id, check_str_map
+from .._errors import InvalidRecordError, check_optional_text, check_run_id, check_str_map
 from ..store.protocol import StepStore
 
 if TYPE_CHECKING:
@@ -18,8 +18,8 @@ def check_arguments(persistence: StepPersistence[Any]) -> dict[str, str]:
     p = persistence
     if not isinstance(p.store, StepStore):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise TypeError(f'store must be a StepStore (for example SqliteStepStore), got {p.store!r}')
-    check_optional_str(p.agent_name, 'agent_name')
-    check_optional_str(p.parent_run_id, 'parent_run_id')
+    check_optional_text(p.agent_name, 'agent_name')
+    check_optional_text(p.parent_run_id, 'parent_run_id')
     if p.run_id is not None:
         check_run_id(p.run_id)
     metadata = check_str_map(p.metadata, 'metadata')

@@ -13,8 +13,17 @@ import operator
 from collections.abc import Callable, Collection
 from dataclasses import replace
 from datetime import datetime
+from typing import cast
 
-from .._errors import InvalidRecordError, check_json_map, check_optional_str, check_run_id, check_str_map
+from .._errors import (
+    InvalidRecordError,
+    check_encodable,
+    check_json_map,
+    check_optional_str,
+    check_optional_text,
+    check_run_id,
+    check_str_map,
+)
 from .._records import (
     EFFECT_RESOLUTIONS,
     EVENT_KINDS,
@@ -81,19 +90,28 @@ _KINDS: dict[str, tuple[frozenset[type], Callable[[object, str], object]]] = {
 
 class _Fields:
     """The typed fields of one kind of record. A value of another type would be stored by one store,
-    turned to text by another, and read back by none. Checked in C in the common case (each value's
-    exact type among those allowed); else field by field, where a subclass (of `str`, `datetime`) passes."""
+    turned to text by another, and read back by none; a text with a lone surrogate would be kept by
+    some stores and refused by the others (`check_encodable`). Checked in C in the common case (each
+    value's exact type among those allowed, every text ASCII); else field by field, where a subclass
+    (of `str`, `datetime`) passes."""
 
     def __init__(self, record: str, **kinds: str) -> None:
-        self._read = operator.attrgetter(*kinds)
-        self._allowed = tuple(_KINDS[kind][0] for kind in kinds.values())
-        self._checks = tuple((f'{record}.{name}', _KINDS[kind][1]) for name, kind in kinds.items())
+        ordered = sorted(kinds.items(), key=lambda item: not item[1].startswith('text'))  # the texts first
+        self._read = operator.attrgetter(*(name for name, _ in ordered))
+        self._allowed = tuple(_KINDS[kind][0] for _, kind in ordered)
+        self._checks = tuple((f'{record}.{name}', _KINDS[kind][1]) for name, kind in ordered)
+        self._texts = sum(kind.startswith('text') for kind in kinds.values())
 
     def check(self, record: object) -> None:
         values: tuple[object, ...] = self._read(record)
         if not all(map(_ALLOWS, self._allowed, map(type, values))):
             for (what, check), value in zip(self._checks, values, strict=True):
                 check(value, what)
+        texts = cast('tuple[str | None, ...]', values[: self._texts])
+        if not all(map(str.isascii, filter(None, texts))):
+            for (what, _), text in zip(self._checks[: self._texts], texts, strict=True):
+                if text:
+                    check_encodable(text, what)
 
 
 def _check_choice(value: object, allowed: Collection[str], field: str) -> None:
@@ -103,9 +121,8 @@ def _check_choice(value: object, allowed: Collection[str], field: str) -> None:
 
 def checked_run(record: RunRecord) -> RunRecord:
     check_run_id(record.run_id)
-    for name in ('conversation_id', 'parent_run_id', 'agent_name', 'registration_id', 'pydantic_ai_run_id'):
-        check_optional_str(getattr(record, name), f'RunRecord.{name}')
-    check_optional_str(record.parent_tool_call_id, 'RunRecord.parent_tool_call_id')
+    for name in (*RUN_EQUALITY_FIELDS, 'registration_id', 'parent_tool_call_id'):
+        check_optional_text(getattr(record, name), f'RunRecord.{name}')
     check_str_map(record.metadata, 'RunRecord.metadata')
     check_json_map(record.run_metadata, 'RunRecord.run_metadata')
     _check_time(record.started_at, 'RunRecord.started_at')
@@ -180,7 +197,7 @@ def checked_delta(delta: SnapshotDelta) -> None:
             )
         if not isinstance(text, str) or not text.startswith('{'):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise InvalidRecordError(f'SnapshotDelta.appends texts must be JSON object texts, got {str(text)[:80]!r}')
-    check_optional_str(delta.idempotency_key, 'SnapshotDelta.idempotency_key')
+    check_optional_text(delta.idempotency_key, 'SnapshotDelta.idempotency_key')
     _check_time(delta.timestamp, 'SnapshotDelta.timestamp')
 
 
@@ -192,7 +209,7 @@ def checked_query(query: RunQuery) -> RunQuery:
     64-bit stores overflowing on it.
     """
     for name in RUN_EQUALITY_FIELDS:
-        check_optional_str(getattr(query, name), name)
+        check_optional_text(getattr(query, name), name)
     if query.status is not None and query.status not in ('completed', 'failed', 'unfinished'):
         raise ValueError(f"status must be 'completed', 'failed' or 'unfinished', got {query.status!r}")
     for name in ('started_after', 'started_before', 'ended_before'):

@@ -37,6 +37,7 @@ from .._errors import RunAlreadyExistsError, RunNotFoundError
 from .._records import RunRecord, StepEvent, ToolEffectRecord
 from ..store.protocol import RecordBatchStore, StepStore
 from ._deltas import DeltaConformance
+from ._input import InputConformance
 from ._kernel import KernelConformance
 from ._queries import QueryConformance
 from ._recovery import RecoveryConformance
@@ -51,6 +52,7 @@ class StepStoreConformance(
     SnapshotConformance,
     KernelConformance,
     QueryConformance,
+    InputConformance,
     RecoveryConformance,
     RetentionConformance,
     DeltaConformance,
