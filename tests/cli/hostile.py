@@ -1,7 +1,8 @@
 """A store whose every printed field holds terminal control sequences, as a hostile writer would leave it.
 
 `EVIL` sets the window title (OSC ... BEL), clears the screen (CSI 2J), starts a C1 CSI, reverses
-the text direction (RLO), and carries DEL, CR, BS and NUL: each would act on a terminal if printed raw.
+the text direction (RLO, LRI, the RLM, LRM and ALM marks), breaks the line (the line and paragraph
+separators), and carries DEL, CR, BS and NUL: each would act on a terminal if printed raw.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from pydantic_ai.messages import (
 
 from pydantic_ai_steps.step_persistence import ContinuableSnapshot, RunRecord, StepEvent, StepStore, ToolEffectRecord
 
-EVIL = '\x1b]0;pwned\x07\x1b[2J\x9b31m\u202e\u2066\x7f\r\x08\x00|'
+EVIL = '\x1b]0;pwned\x07\x1b[2J\x9b31m\u202e\u2066\u200f\u200e\u061c\u2028\u2029\x7f\r\x08\x00|'
 """Every kind of character that must not reach a terminal raw, in one string."""
-EVIL_SHOWN = r'\x1b]0;pwned\x07\x1b[2J\x9b31m\u202e\u2066\x7f\r\x08\x00|'
+EVIL_SHOWN = r'\x1b]0;pwned\x07\x1b[2J\x9b31m\u202e\u2066\u200f\u200e\u061c\u2028\u2029\x7f\r\x08\x00|'
 """How the CLI shows `EVIL`: each such character as its escape, the rest as it is."""
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

@@ -24,8 +24,9 @@ from .hostile import EVIL, EVIL_SHOWN, hostile_run_id, populate_hostile, rename_
 
 OWN_COLOURS = re.compile(r'\x1b\[(?:[0-9]|3[1-6])(?:;(?:[0-9]|3[1-6]))*m')
 """The SGR sequences `_render.Style` writes (bold, dim, the colours, reset): the only escapes allowed."""
-FORBIDDEN = re.compile('[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]')
-"""C0 controls but newline and tab, DEL, C1 controls, bidi embeddings, overrides and isolates."""
+FORBIDDEN = re.compile('[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]')
+"""C0 controls but newline and tab, DEL, C1 controls, bidi marks, embeddings, overrides and isolates, line and
+paragraph separators."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def holds(value: object, text: str) -> bool:
 @pytest.mark.parametrize('colour', [False, True], ids=['pipe', 'colour'])
 def test_no_raw_control_character_reaches_stdout(hostile: HostileStore, name: str, colour: bool) -> None:
     args = commands(hostile.run_id)[name]
-    result = run_cli_inprocess(*args, '--store', hostile.url, tty=colour, COLUMNS='400')
+    result = run_cli_inprocess(*args, '--store', hostile.url, tty=colour, COLUMNS='600')
     assert_clean(result, name)
     if colour and '--json' not in name and name not in ('export', 'continue', 'stats'):
         assert OWN_COLOURS.search(result.stdout), f'{name}: colour was asked for and none came'
@@ -159,7 +160,7 @@ def test_the_console_script_in_a_pipe_and_on_a_terminal(hostile: HostileStore) -
     assert EVIL_SHOWN in piped.stdout
     if sys.platform == 'win32':
         return
-    on_tty = run_on_tty('runs', '--store', hostile.url, columns=400)
+    on_tty = run_on_tty('runs', '--store', hostile.url, columns=600)
     assert on_tty.returncode == 0, on_tty.stderr
     assert_no_raw_control(on_tty.stdout, 'runs on a terminal')
     # stderr holds the progress line, drawn and erased with the CLI's own \r and ESC [ 2 K

@@ -182,6 +182,28 @@ def test_printable_shows_controls_as_escapes_and_keeps_the_rest() -> None:
     assert printable('C:\\x1b') == 'C:\\x1b'  # backslashes are left alone (--json gives exact values)
 
 
+BIDI_AND_SEPARATORS = [
+    '\u061c',  # ALM
+    '\u200e',  # LRM
+    '\u200f',  # RLM
+    *map(chr, range(0x202A, 0x202F)),  # LRE, RLE, PDF, LRO, RLO
+    *map(chr, range(0x2066, 0x206A)),  # LRI, RLI, FSI, PDI
+    '\u2028',  # line separator
+    '\u2029',  # paragraph separator
+]
+
+
+@pytest.mark.parametrize('character', BIDI_AND_SEPARATORS, ids=lambda character: f'U+{ord(character):04X}')
+def test_bidi_marks_and_separators_are_escaped_everywhere(character: str) -> None:
+    """A run id that reorders or splits as it is shown would display as another one."""
+    shown = f'\\u{ord(character):04x}'
+    text = f'run-{character}-1'
+    assert printable(text) == printable(text, multiline=True) == f'run-{shown}-1'
+    assert terminal_safe(COLOUR(text, 'red')) == COLOUR(f'run-{shown}-1', 'red')
+    value = {'tool': text}
+    assert json_printable(json.dumps(value, ensure_ascii=False)) == f'{{"tool": "run-{shown}-1"}}'
+
+
 def test_terminal_safe_keeps_only_the_colours_style_writes() -> None:
     ours = COLOUR('failed', 'red') + ' ' + COLOUR('x', 'yellow', 'bold')
     assert terminal_safe(ours) == ours

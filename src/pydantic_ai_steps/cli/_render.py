@@ -7,10 +7,12 @@ drawn on stderr, only on a terminal, so it never mixes with output a script pars
 Text read from a store is shown, never obeyed: a store may hold anything anyone wrote (a model's
 answer, a tool's error, a run id), and printed raw, `ESC ] 0 ; ... BEL` would retitle the window
 and `ESC [ 2 J` clear the screen. `printable` shows every C0 control (newline and tab kept in
-multi-line text), DEL, every C1 control and the bidi embeddings, overrides and isolates
-(U+202A-U+202E, U+2066-U+2069) as the escape Python would write for it: ESC is the four
-characters `\x1b`, U+202E is `\u202e`, a carriage return `\r` (and, where a value must stay on
-one line, a newline `\n` and a tab `\t`); lone surrogates too, so printing cannot fail on them.
+multi-line text), DEL, every C1 control, the bidi marks, embeddings, overrides and isolates
+(U+061C, U+200E, U+200F, U+202A-U+202E, U+2066-U+2069), which reorder what is shown, and the line
+and paragraph separators (U+2028, U+2029), which split it, as the escape Python would write for
+it: ESC is the four characters `\x1b`, U+202E is `\u202e`, a carriage return `\r` (and, where a
+value must stay on one line, a newline `\n` and a tab `\t`); lone surrogates too, so printing
+cannot fail on them.
 Backslashes are left as they are, so a stored text spelling `\x1b` looks the same: `--json`
 gives the exact values. Tables, trees and the message renderer pass every stored value through
 it, and `Output` (in `_commands`) passes every line through `terminal_safe`, which escapes
@@ -43,10 +45,12 @@ _CODES = {
 }
 
 
-_UNSAFE = '\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff'
+_UNSAFE_PAST_C0 = '\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff'
+"""DEL, C1 controls, bidi marks, embeddings, overrides and isolates, line and paragraph separators, lone surrogates."""
+_UNSAFE = f'\x00-\x08\x0b-\x1f{_UNSAFE_PAST_C0}'
 _UNSAFE_IN_A_LINE = re.compile(f'[\t\n{_UNSAFE}]')
 _UNSAFE_IN_A_BLOCK = re.compile(f'[{_UNSAFE}]')
-_UNSAFE_IN_JSON = re.compile('[\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]')
+_UNSAFE_IN_JSON = re.compile(f'[{_UNSAFE_PAST_C0}]')
 _OWN_SGR = re.compile(r'\x1b\[(?:[0-2]|3[1-6])(?:;(?:[0-2]|3[1-6]))*m')
 """The SGR sequences `Style` writes: reset, bold, dim and the colours, nothing that moves or hides text."""
 
@@ -92,7 +96,7 @@ def terminal_safe(text: str) -> str:
 
 
 def json_printable(text: str) -> str:
-    """JSON text with DEL, C1 controls, bidi controls and lone surrogates as `\\u` escapes.
+    """JSON text with DEL, C1 controls, bidi controls, line separators and lone surrogates as `\\u` escapes.
 
     `json.dumps(..., ensure_ascii=False)` already escapes C0 controls; these it leaves raw.
     Inside JSON they can only occur in strings, so the result is the same JSON value.
