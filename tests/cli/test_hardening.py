@@ -16,14 +16,19 @@ from pydantic_ai_steps.cli import _commands, main
 from .conftest import open_store, populate_and_close, run_cli_inprocess
 
 
-def snapshot_of(directory: Path) -> dict[str, bytes | None]:
+def snapshot_of(directory: Path) -> dict[str, bytes | str | None]:
+    """Each file's bytes, None for a folder, a link's target (as text) for a link."""
     return {
-        str(path.relative_to(directory)): None if path.is_dir() else path.read_bytes()
+        str(path.relative_to(directory)): os.readlink(path)
+        if path.is_symlink()
+        else None
+        if path.is_dir()
+        else path.read_bytes()
         for path in sorted(directory.rglob('*'))
     }
 
 
-def make_project(directory: Path) -> dict[str, bytes | None]:
+def make_project(directory: Path) -> dict[str, bytes | str | None]:
     (directory / 'src').mkdir(parents=True)
     (directory / 'README').write_text('my project\n')
     (directory / 'src' / 'main.py').write_text('print("hello")\n')
@@ -203,6 +208,34 @@ def test_export_keeps_the_mode_of_the_file_it_replaces_and_writes_through_a_link
     assert stat.S_IMODE(new.stat().st_mode) == 0o600  # private, as the store's own files
     missing = run_cli_inprocess('export', runs.orchestrator, '-o', str(tmp_path / 'no' / 'x.jsonl'), '--store', url)
     assert missing.returncode == 1 and f"cannot write --output '{tmp_path / 'no' / 'x.jsonl'}'" in missing.stderr
+
+
+def test_export_to_a_path_it_cannot_write_is_a_clean_error_and_writes_nothing(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path / 'store')
+    runs = anyio.run(populate_and_close, store)
+    out = tmp_path / 'out'
+    (out / 'folder').mkdir(parents=True)
+    (out / 'folder' / 'kept.jsonl').write_text('mine\n')
+    (out / 'a-file').write_text('mine\n')
+    (out / 'to-folder').symlink_to(out / 'folder')
+    (out / 'dangling').symlink_to(out / 'missing' / 'x.jsonl')
+    before = snapshot_of(out)
+    refused = {
+        out / 'folder': 'names a directory: name the file to write the export to',
+        f'{out / "folder"}{os.sep}': 'names a directory',
+        out / 'to-folder': 'names a directory',
+        f'{out / "new"}{os.sep}': 'names a directory',
+        out / 'a-file' / 'x.jsonl': 'Not a directory',
+        out / 'dangling': 'No such file or directory',
+        out / ('x' * 300): 'File name too long',
+    }
+    for output, reason in refused.items():
+        result = run_cli_inprocess('export', runs.orchestrator, '-o', str(output), '--store', url)
+        assert result.returncode == 1, output
+        assert result.stderr.startswith('pydantic-ai-steps: error: '), result.stderr
+        assert f"--output '{output}'" in result.stderr and reason in result.stderr, result.stderr
+        assert '--debug' not in result.stderr and result.stdout == ''
+        assert snapshot_of(out) == before, output  # no temporary file, nothing written through
 
 
 def test_a_bare_path_starting_with_file_colon_is_that_file_not_a_sqlite_uri(tmp_path: Path) -> None:

@@ -398,30 +398,46 @@ def _same_file(first: str, second: str) -> bool:
 def _replacing(path: str) -> Generator[TextIO]:
     """A regular file that becomes `path` only once it is written whole, so a failed export leaves
     what was there (keeping its mode; a new file is private, as the stores' own files are). Anything
-    else (a link, `/dev/stdout`, a pipe) is written through, as `open` would."""
+    else (a link, `/dev/stdout`, a pipe) is written through, as `open` would. A directory, or a path
+    that cannot be written, is a `CliError` naming it, and leaves nothing behind."""
+    if path.endswith(('/', os.sep)) or os.path.isdir(path):
+        raise CliError(f'--output {path!r} names a directory: name the file to write the export to')
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         info = None
+    except OSError as error:  # a folder on the way is a file, or may not be searched
+        raise _unwritable(path, error) from None
     if info is not None and not stat.S_ISREG(info.st_mode):
-        with open(path, 'w', encoding='utf-8') as handle:
+        try:
+            through = open(path, 'w', encoding='utf-8')  # noqa: SIM115 - the `with` below closes it
+        except OSError as error:
+            raise _unwritable(path, error) from None
+        with through as handle:
             yield handle
         return
     directory = os.path.dirname(os.path.abspath(path))
     try:
         descriptor, name = tempfile.mkstemp(dir=directory, prefix='.export-', suffix='.tmp')
     except OSError as error:
-        raise CliError(f'cannot write --output {path!r}: {error.strerror}') from None
+        raise _unwritable(path, error) from None
     try:
         if info is not None:
             os.chmod(name, stat.S_IMODE(info.st_mode))
         with os.fdopen(descriptor, 'w', encoding='utf-8') as handle:
             yield handle
-        os.replace(name, path)
+        try:
+            os.replace(name, path)
+        except OSError as error:
+            raise _unwritable(path, error) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(name)
         raise
+
+
+def _unwritable(path: str, error: OSError) -> CliError:
+    return CliError(f'cannot write --output {path!r}: {error.strerror or error}')
 
 
 def _jsonl(stream: TextIO, value: dict[str, Any]) -> None:
