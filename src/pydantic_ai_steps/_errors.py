@@ -121,6 +121,20 @@ class NotAStoreError(StepsError, ValueError):
     """Something exists where a store was expected, but it is not a step store."""
 
 
+def shortened(value: object, limit: int = 200) -> str:
+    """`repr(value)`, its middle cut out when long: a message quoting a huge value (a damaged stored
+    field, a key) shows how it starts and ends and how long it is, not all of it."""
+    if isinstance(value, str | bytes):
+        if len(value) <= limit:
+            return repr(value)
+        unit = 'characters' if isinstance(value, str) else 'bytes'
+        return f'{value[: limit // 2]!r}…{value[-limit // 4 :]!r} ({len(value)} {unit})'
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f'{text[: limit // 2]}…{text[-limit // 4 :]} ({type(value).__name__} of {len(text)} characters)'
+
+
 def sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a driver error (asyncpg's `sqlstate`, psycopg's `sqlstate`), if it has one."""
     code = getattr(error, 'sqlstate', None)

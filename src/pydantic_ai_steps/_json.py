@@ -6,6 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, cast
 
+from ._errors import shortened
+
 
 def compact_json(value: object) -> str:
     """No spaces, non-ASCII kept as is: the one spelling of stored JSON text."""
@@ -35,7 +37,7 @@ def json_object(value: object, what: str) -> dict[Any, Any] | None:
         except ValueError as error:
             raise ValueError(f'{what} is {error}') from None
     if not isinstance(value, Mapping):
-        raise ValueError(f'{what} must be an object, got {value!r}')
+        raise ValueError(f'{what} must be an object, got {shortened(value)}')
     return dict(cast(Mapping[Any, Any], value))
 
 
@@ -46,5 +48,5 @@ def str_map(value: object, what: str) -> dict[str, str]:
         return {}
     for name, item in mapping.items():
         if not isinstance(name, str) or not isinstance(item, str):
-            raise ValueError(f'{what} must map strings to strings, got {name!r}: {item!r}')
+            raise ValueError(f'{what} must map strings to strings, got {shortened(name)}: {shortened(item)}')
     return cast(dict[str, str], mapping)

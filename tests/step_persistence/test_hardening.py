@@ -4,6 +4,7 @@ world-readable files, memory that grows with finished runs, and errors that must
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -17,6 +18,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ToolReturnPart, UserPromptPart
 
 from pydantic_ai_steps import StepPersistence
+from pydantic_ai_steps._errors import shortened
 from pydantic_ai_steps.media import DiskMediaStore, SqliteMediaStore
 from pydantic_ai_steps.step_persistence import (
     FileStepStore,
@@ -528,6 +530,56 @@ async def test_file_store_lines_edited_to_other_types_are_skipped(tmp_path: Path
     index.write_text('\n'.join(lines) + '\n')
     events.unlink()
     assert await FileStepStore(root).list_runs(parent_run_id='good') == []
+
+
+@pytest.mark.parametrize('kind', ['sqlite', 'file'])
+async def test_a_damaged_record_holding_a_huge_value_is_named_in_a_short_warning(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning quotes the bad value's start and end and its length, not all of it."""
+    huge = 'x' * 100_000
+    store = FileStepStore(tmp_path / 'f') if kind == 'file' else SqliteStepStore(database=tmp_path / 's.db')
+    await store.register_run(RunRecord(run_id='r'))
+    await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0, timestamp=T0))
+    effect = ToolEffectRecord(tool_call_id='c', tool_name='t', run_id='r', status='started', started_at=T0)
+    await store.record_tool_effect(effect)
+    await store.save_snapshot(snap('r', history(1), 1))
+    await store.aclose()
+    if kind == 'file':
+        for name, field in (
+            ('events.jsonl', 'kind'),
+            ('tool_effects.jsonl', 'started_at'),
+            ('snapshots/1.json', 'state'),
+        ):
+            path = tmp_path / 'f' / 'r' / name
+            path.write_text(json.dumps({**json.loads(path.read_text()), field: huge}) + '\n')
+    else:
+        with sqlite3.connect(tmp_path / 's.db') as connection:
+            for table, field in (('events', 'kind'), ('tool_effects', 'started_at'), ('snapshots', 'state')):
+                connection.execute(f'UPDATE {table} SET {field} = ?', (huge,))
+    reader = FileStepStore(tmp_path / 'f') if kind == 'file' else SqliteStepStore(database=tmp_path / 's.db')
+    with caplog.at_level(logging.WARNING, logger='pydantic_ai_steps'):
+        assert await reader.list_events(run_id='r') == []
+        assert await reader.list_tool_effects(run_id='r') == []
+        assert await reader.list_snapshots(run_id='r', include_interrupted=True) == []
+    await reader.aclose()
+    warnings = [record.getMessage() for record in caplog.records]
+    assert [message.split(':')[0] for message in warnings] == [
+        "skipping unreadable event of run 'r'",
+        "skipping unreadable tool effect of run 'r'",
+        "skipping unreadable snapshot 1 of run 'r'",
+    ]
+    for message, field in zip(warnings, ('kind', 'started_at', 'state'), strict=True):
+        assert len(message) < 1000 and '(100000 characters)' in message, message[:300]
+        assert field in message, message
+
+
+def test_a_quoted_value_is_shortened_whatever_its_type() -> None:
+    assert (shortened('ok'), shortened(12), shortened(b'ok')) == ("'ok'", '12', "b'ok'")
+    assert shortened('x' * 1000) == f'{"x" * 100!r}…{"x" * 50!r} (1000 characters)'
+    assert shortened(b'\x00' * 1000).endswith("\\x00' (1000 bytes)")
+    listed = shortened(['y' * 1000])
+    assert listed.startswith("['yyy") and listed.endswith("yyy'] (list of 1004 characters)") and len(listed) < 200
 
 
 @pytest.mark.parametrize('kind', ['memory', 'file', 'sqlite'])

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from .. import _json
+from .._errors import shortened
 from .._json import compact_json
 from .._records import (
     EFFECT_RESOLUTIONS,
@@ -259,7 +260,7 @@ def decode_run(data: Mapping[str, Any]) -> RunRecord:
     what = 'run record'
     status = data.get('status')
     if status is not None and status not in RUN_STATUSES:
-        raise ValueError(f'{what} field "status" must be one of {sorted(RUN_STATUSES)}, got {status!r}')
+        raise ValueError(f'{what} field "status" must be one of {sorted(RUN_STATUSES)}, got {shortened(status)}')
     ended_at = data.get('ended_at')
     return RunRecord(
         run_id=required_str(data, 'run_id', what),
@@ -302,7 +303,9 @@ def decode_effect(data: Mapping[str, Any]) -> ToolEffectRecord:
     what = 'tool effect'
     ended_at, resolved_at, resolution = data.get('ended_at'), data.get('resolved_at'), data.get('resolution')
     if resolution is not None and resolution not in EFFECT_RESOLUTIONS:
-        raise ValueError(f'{what} field "resolution" must be one of {sorted(EFFECT_RESOLUTIONS)}, got {resolution!r}')
+        raise ValueError(
+            f'{what} field "resolution" must be one of {sorted(EFFECT_RESOLUTIONS)}, got {shortened(resolution)}'
+        )
     return ToolEffectRecord(
         tool_call_id=required_str(data, 'tool_call_id', what),
         tool_name=required_str(data, 'tool_name', what),
@@ -359,13 +362,15 @@ def decode_snapshot_meta(data: Mapping[str, Any]) -> SnapshotMeta:
 
 def event_kind(value: object) -> EventKind:
     if not isinstance(value, str) or value not in EVENT_KINDS:
-        raise ValueError(f'unknown event kind: {value!r}; expected one of {sorted(EVENT_KINDS)}')
+        raise ValueError(f'unknown event kind: {shortened(value)}; expected one of {sorted(EVENT_KINDS)}')
     return cast(EventKind, value)
 
 
 def tool_effect_status(value: object) -> ToolEffectStatus:
     if not isinstance(value, str) or value not in TOOL_EFFECT_STATUSES:
-        raise ValueError(f'unknown tool effect status: {value!r}; expected one of {sorted(TOOL_EFFECT_STATUSES)}')
+        raise ValueError(
+            f'unknown tool effect status: {shortened(value)}; expected one of {sorted(TOOL_EFFECT_STATUSES)}'
+        )
     return cast(ToolEffectStatus, value)
 
 
@@ -374,28 +379,28 @@ def snapshot_state(value: object) -> SnapshotState:
     if value is None:
         return 'complete'
     if not isinstance(value, str) or value not in SNAPSHOT_STATES:
-        raise ValueError(f'unknown snapshot state: {value!r}; expected one of {sorted(SNAPSHOT_STATES)}')
+        raise ValueError(f'unknown snapshot state: {shortened(value)}; expected one of {sorted(SNAPSHOT_STATES)}')
     return cast(SnapshotState, value)
 
 
 def required_str(data: Mapping[str, Any], key: str, what: str) -> str:
     value = data.get(key)
     if not isinstance(value, str):
-        raise ValueError(f'{what} field {key!r} must be a string, got {value!r}')
+        raise ValueError(f'{what} field {key!r} must be a string, got {shortened(value)}')
     return value
 
 
 def optional_str(data: Mapping[str, Any], key: str, what: str) -> str | None:
     value = data.get(key)
     if value is not None and not isinstance(value, str):
-        raise ValueError(f'{what} field {key!r} must be a string or null, got {value!r}')
+        raise ValueError(f'{what} field {key!r} must be a string or null, got {shortened(value)}')
     return value
 
 
 def required_int(data: Mapping[str, Any], key: str, what: str) -> int:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f'{what} field {key!r} must be an integer, got {value!r}')
+        raise ValueError(f'{what} field {key!r} must be an integer, got {shortened(value)}')
     return value
 
 
@@ -407,11 +412,11 @@ def parse_time(value: object, key: str, what: str) -> datetime:
     if isinstance(value, datetime):
         return value
     if not isinstance(value, str):
-        raise ValueError(f'{what} field {key!r} must be an ISO timestamp, got {value!r}')
+        raise ValueError(f'{what} field {key!r} must be an ISO timestamp, got {shortened(value)}')
     try:
         return datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError(f'{what} field {key!r} must be an ISO timestamp, got {value!r}') from None
+        raise ValueError(f'{what} field {key!r} must be an ISO timestamp, got {shortened(value)}') from None
 
 
 def str_map(value: object, what: str) -> dict[str, str]:
@@ -423,7 +428,7 @@ def json_map(value: object, what: str) -> dict[str, Any]:
     if mapping is None:
         return {}
     if not all(isinstance(name, str) for name in mapping):
-        raise ValueError(f'{what} run_metadata keys must be strings, got {list(mapping)!r}')
+        raise ValueError(f'{what} run_metadata keys must be strings, got {shortened(list(mapping))}')
     return cast(dict[str, Any], mapping)
 
 

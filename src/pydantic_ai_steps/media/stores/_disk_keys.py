@@ -8,6 +8,8 @@ import sys
 import uuid
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+from ..._errors import shortened
+
 SIDECAR_SUFFIX = '.meta.json'
 _NAME_MAX_BYTES = 255
 """The longest file or directory name common file systems take (ext4, XFS, APFS, NTFS...)."""
@@ -55,7 +57,7 @@ def check_lengths(key: str, root: Path, uri: str) -> None:
             reason = f"{_NAME_MAX_BYTES}, the file-system limit, less the {SIDECAR_SUFFIX!r} sidecar's suffix"
             raise ValueError(
                 f'key_strategy produced a key with a {what} of {size} bytes in UTF-8; a {what} may have at most '
-                f'{limit} bytes ({reason if last else "the file-system limit"}): {_shorten(key)} for {uri}'
+                f'{limit} bytes ({reason if last else "the file-system limit"}): {shortened(key)} for {uri}'
             )
     limit = _PATH_MAX_BYTES - max(len(SIDECAR_SUFFIX), _TEMP_NAME_BYTES + 1)
     size = len(_fs_bytes(os.path.abspath(root / key), key, uri))
@@ -63,7 +65,7 @@ def check_lengths(key: str, root: Path, uri: str) -> None:
         raise ValueError(
             f'key_strategy produced a key giving a path of {size} bytes in UTF-8; a path may have at most {limit} '
             f'bytes (the OS limit of {_PATH_MAX_BYTES} less room for the sidecar and temporary files beside the '
-            f'blob): {_shorten(key)} in store directory {_shorten(str(root))} for {uri}'
+            f'blob): {shortened(key)} in store directory {shortened(str(root))} for {uri}'
         )
 
 
@@ -72,16 +74,9 @@ def _fs_bytes(text: str, key: str, uri: str) -> bytes:
         return os.fsencode(text)
     except UnicodeEncodeError:
         raise ValueError(
-            f'key_strategy produced a key the file system cannot name (not encodable as UTF-8): {_shorten(key)} '
+            f'key_strategy produced a key the file system cannot name (not encodable as UTF-8): {shortened(key)} '
             f'for {uri}'
         ) from None
-
-
-def _shorten(text: str, limit: int = 80) -> str:
-    """`repr(text)`, cut in the middle when long, so a message shows a huge key without printing it whole."""
-    if len(text) <= limit:
-        return repr(text)
-    return f'{text[: limit // 2]!r}…{text[-limit // 4 :]!r} ({len(text)} characters)'
 
 
 def fits(path: str) -> bool:

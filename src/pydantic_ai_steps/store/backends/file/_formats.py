@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, cast
 
+from ...._errors import shortened
 from ...._json import compact_json, loads
 from ...backend import Damaged, LogEntry, Row, SnapshotRow
 from ._io import json_object, line, read_bytes
@@ -66,9 +67,11 @@ def read_snapshot_file(path: Path, seq: int) -> SnapshotRow | None:
         data['message_count'] = reference.get('message_count')
         data['log_size'] = reference.get('log_size')
         if data['message_count'] is None and data['log_size'] is None:
-            return SnapshotRow(seq, Damaged(str(path), f'its messages reference names no history: {reference!r}'))
+            reason = f'its messages reference names no history: {shortened(reference)}'
+            return SnapshotRow(seq, Damaged(str(path), reason))
         return SnapshotRow(seq, data)
-    return SnapshotRow(seq, Damaged(str(path), f'"messages" must be a list or a log reference, got {messages!r}'))
+    reason = f'"messages" must be a list or a log reference, got {shortened(messages)}'
+    return SnapshotRow(seq, Damaged(str(path), reason))
 
 
 def snapshot_seqs(directory: Path) -> list[int]:

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ...._errors import shortened
 from ...._files import UnsafeEntryError, check_directory, check_file, ensure_directory
 from ...._records import RUN_EQUALITY_FIELDS
 from ...backend import Damaged
@@ -219,7 +220,7 @@ class RunIndex:
                 data = json_object(text)
             except ValueError:
                 if position > self._repaired_through:
-                    logger.warning('damaged line in run index %s: %r', self._path, text[:200])
+                    logger.warning('damaged line in run index %s: %s', self._path, shortened(text))
                     self._needs_repair = self._damaged = True
                 continue
             repaired, deleted, run_id = data.get('repaired_through'), data.get('deleted'), data.get('run_id')
@@ -237,7 +238,7 @@ class RunIndex:
                 if len(lines_of_run) > 1:
                     self._confirmed.pop(run_id, None)
             elif position > self._repaired_through:
-                logger.warning('unrecognised line in run index %s: %r', self._path, text[:200])
+                logger.warning('unrecognised line in run index %s: %s', self._path, shortened(text))
 
     def _notice_new_folders(self) -> None:
         """List the store directory when it changed: folders the index does not name are runs too."""

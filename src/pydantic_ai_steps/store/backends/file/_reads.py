@@ -6,6 +6,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from ...._errors import shortened
 from ...._files import UnsafeEntryError, check_directory
 from ...._records import RunQuery
 from ...backend import Damaged, LogEntry, LogSlice, Probe, Row, SnapshotRow
@@ -131,7 +132,7 @@ class FileReads:
                 continue
             entry = parse_log_line(text)
             if entry is None:
-                logger.warning('skipping damaged message log line in %s: %r', path, text[:200])
+                logger.warning('skipping damaged message log line in %s: %s', path, shortened(text))
                 continue
             present.add(entry.index)
             if entry.index < below_index and entry.position < positions_below:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from ...._errors import shortened
 from ...._json import loads
 from ...._records import SNAPSHOT_STATES
 from ...codec import Row
@@ -78,7 +79,7 @@ class RunState:
             try:
                 row = json_object(text)
             except ValueError:
-                logger.warning('skipping unreadable tool effect line of %s: %r', self.paths.effects, text[:200])
+                logger.warning('skipping unreadable tool effect line of %s: %s', self.paths.effects, shortened(text))
                 continue
             call_id = row.get('tool_call_id')
             if isinstance(call_id, str):
@@ -108,13 +109,13 @@ class RunState:
             try:
                 value = loads(text)
             except ValueError:
-                logger.warning('skipping unreadable snapshot ledger line of %s: %r', self.paths.ledger, text[:200])
+                logger.warning('skipping unreadable snapshot ledger line of %s: %s', self.paths.ledger, shortened(text))
                 continue
             if isinstance(value, str):  # the upstream layout: one applied key per line
                 self.snapshot_keys.add(value)
                 continue
             if not isinstance(value, dict):
-                logger.warning('skipping unreadable snapshot ledger line of %s: %r', self.paths.ledger, text[:200])
+                logger.warning('skipping unreadable snapshot ledger line of %s: %s', self.paths.ledger, shortened(text))
                 continue
             entry = cast(dict[str, Any], value)
             key, seq, state = entry.get('key'), entry.get('seq'), entry.get('state')

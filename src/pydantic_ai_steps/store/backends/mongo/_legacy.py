@@ -17,6 +17,7 @@ from typing import Any, cast
 from pymongo import DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
+from ...._errors import shortened
 from ...._json import compact_json, loads
 from ...._mongo import Document, collection
 from ...backend import Damaged
@@ -39,7 +40,7 @@ def upstream_refs(raw: object) -> list[str] | list[object] | str:
         refs = cast(dict[str, Any], value).get('message_refs')
         if isinstance(refs, list) and all(isinstance(ref, str) for ref in cast(list[object], refs)):
             return cast(list[str], refs)
-    return f'its "messages" field is neither a history nor a list of message references: {raw[:100]!r}'
+    return f'its "messages" field is neither a history nor a list of message references: {shortened(raw)}'
 
 
 async def upstream_texts(

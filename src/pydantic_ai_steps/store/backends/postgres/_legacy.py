@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+from ...._errors import shortened
 from ...._json import compact_json, loads
 from ...backend import Damaged
 from ._pool import PostgresConnection
@@ -20,7 +21,7 @@ def parse_legacy(seq: int, raw: object) -> list[str] | list[tuple[str]] | Damage
     """Texts of an inline history, the keys (as 1-tuples) of a referenced one, or `Damaged`."""
     where = f'snapshot row {seq}'
     if not isinstance(raw, str):
-        return Damaged(where, f'its "messages" column must be text, got {raw!r}')
+        return Damaged(where, f'its "messages" column must be text, got {shortened(raw)}')
     try:
         value = loads(raw)
     except ValueError as error:
@@ -30,7 +31,7 @@ def parse_legacy(seq: int, raw: object) -> list[str] | list[tuple[str]] | Damage
     refs = cast(dict[str, Any], value).get('message_refs') if isinstance(value, dict) else None
     if isinstance(refs, list) and all(isinstance(ref, str) for ref in cast(list[object], refs)):
         return [(ref,) for ref in cast(list[str], refs)]
-    return Damaged(where, f'its "messages" column is neither a history nor a reference: {raw[:100]!r}')
+    return Damaged(where, f'its "messages" column is neither a history nor a reference: {shortened(raw)}')
 
 
 async def legacy_texts(

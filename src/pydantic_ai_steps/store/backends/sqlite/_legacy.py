@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, cast
 
+from ...._errors import shortened
 from ...._json import compact_json, loads
 from ...backend import Damaged
 from ._schema import Columns
@@ -20,7 +21,7 @@ def legacy_texts(conn: sqlite3.Connection, columns: Columns, seq: int, raw: obje
     """The message texts of a row written before the message log, or `Damaged` saying why not."""
     where = f'snapshot row {seq}'
     if not isinstance(raw, str):
-        return Damaged(where, f'its "messages" column must be text, got {raw!r}')
+        return Damaged(where, f'its "messages" column must be text, got {shortened(raw)}')
     try:
         value = loads(raw)
     except ValueError as error:
@@ -39,4 +40,4 @@ def legacy_texts(conn: sqlite3.Connection, columns: Columns, seq: int, raw: obje
         if len(texts) == stored and len(rows) == stored:
             return texts
         return Damaged(where, f'it is missing {stored - len(texts)} of its {stored} stored message(s)')
-    return Damaged(where, f'its "messages" column is neither a history nor a reference: {raw[:100]!r}')
+    return Damaged(where, f'its "messages" column is neither a history nor a reference: {shortened(raw)}')
