@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+from ._errors import StepsError
+
 
 def open_database(database: str, *, durable: bool, timeout: float) -> sqlite3.Connection:
     """A store's own connection to a database file, set up the same way by both SQLite stores.
@@ -35,6 +37,49 @@ def open_database(database: str, *, durable: bool, timeout: float) -> sqlite3.Co
     enable_wal(connection)
     connection.execute(f'PRAGMA synchronous={"FULL" if durable else "NORMAL"}')
     return connection
+
+
+class DatabaseLockedError(StepsError, sqlite3.OperationalError):
+    """A call waited the whole busy timeout for a write lock that another connection held.
+
+    A `sqlite3.OperationalError` too, so code that caught SQLite's own `database is locked` still
+    catches it; the original error is its `__cause__`.
+    """
+
+
+def raise_if_lock_timed_out(
+    error: sqlite3.OperationalError,
+    connection: sqlite3.Connection | None,
+    *,
+    database: str | None = None,
+    timeout_ms: int | None = None,
+) -> None:
+    """Raise a `DatabaseLockedError` naming the file and the wait if `error` is SQLite's bare
+    `database is locked` after the busy timeout; return otherwise. `database` and `timeout_ms`
+    default to what `connection` says (it must be given unless both are)."""
+    if error.sqlite_errorcode != sqlite3.SQLITE_BUSY or isinstance(error, DatabaseLockedError):
+        return
+    if timeout_ms is None:
+        assert connection is not None
+        timeout_ms = int(connection.execute('PRAGMA busy_timeout').fetchone()[0])
+    where = database or database_file(connection) or ':memory:'
+    locked = DatabaseLockedError(
+        f'SQLite database {where!r} is locked: another connection (maybe in another process) held its '
+        f'write lock for all of the {timeout_ms / 1000:g} s busy timeout; try again once that writer has '
+        'committed or rolled back'
+    )
+    locked.sqlite_errorcode, locked.sqlite_errorname = error.sqlite_errorcode, error.sqlite_errorname
+    raise locked from error
+
+
+def database_file(connection: sqlite3.Connection | None) -> str | None:
+    """The file behind a connection's main database; `None` for an in-memory or temporary one."""
+    if connection is None:
+        return None
+    for _, name, path in connection.execute('PRAGMA database_list').fetchall():
+        if name == 'main':
+            return path or None
+    return None  # pragma: no cover - every connection has a main database
 
 
 def require_cross_thread_use(connection: sqlite3.Connection, owner: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from pydantic_ai_steps._sqlite import DatabaseLockedError
 from pydantic_ai_steps.media import MediaContext, MediaIntegrityError, SqliteMediaStore, media_uri_for
 from pydantic_ai_steps.step_persistence import RunRecord, SqliteStepStore
 
@@ -74,6 +75,23 @@ async def test_database_mode_layout_wal_and_columns(tmp_path: Path) -> None:
     reopened = SqliteMediaStore(database=path)  # closed stores reopen; data persisted
     assert await reopened.get(uri) == b'png'
     await reopened.aclose()
+
+
+async def test_a_put_held_up_past_the_busy_timeout_names_the_database_and_the_wait(tmp_path: Path) -> None:
+    path = tmp_path / 'held.db'
+    connection = sqlite3.connect(path, timeout=0.2, check_same_thread=False)
+    store = SqliteMediaStore(connection=connection)
+    await store.put(b'first')
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute('BEGIN IMMEDIATE')
+        with pytest.raises(DatabaseLockedError) as caught:
+            await store.put(b'second')
+        other.execute('ROLLBACK')
+    message = str(caught.value)
+    assert repr(str(path)) in message and 'the 0.2 s busy timeout' in message and 'another connection' in message
+    assert isinstance(caught.value, sqlite3.OperationalError)
+    assert await store.put(b'second') == media_uri_for(b'second')
+    connection.close()
 
 
 async def test_first_put_fixes_media_type_and_metadata(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+from pydantic_ai_steps._sqlite import DatabaseLockedError
 from pydantic_ai_steps.step_persistence import (
     RunNotFoundError,
     RunRecord,
@@ -156,6 +157,30 @@ async def test_a_durable_store_sets_no_busy_timeout_per_call(
         await store.save_snapshot(snap('r', history(step), step))
     assert statements and not [text for text in statements if 'busy_timeout' in text]
     assert conn.execute('PRAGMA busy_timeout').fetchone()[0] == waits_ms
+    store.close()
+
+
+async def test_a_write_held_up_past_the_busy_timeout_names_the_database_and_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holding the write lock all along: the error says where and how long, not a bare `locked`."""
+    monkeypatch.setattr(sqlite_module, '_BUSY_TIMEOUT_MS', 200)
+    path = tmp_path / 'held.db'
+    store = SqliteStepStore(database=path, media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute('BEGIN IMMEDIATE')
+        with pytest.raises(DatabaseLockedError) as caught:
+            await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))
+        other.execute('ROLLBACK')
+    message = str(caught.value)
+    assert repr(str(path)) in message and 'the 0.2 s busy timeout' in message and 'another connection' in message
+    assert isinstance(caught.value, sqlite3.OperationalError)  # `except sqlite3.OperationalError` still catches it
+    assert (
+        isinstance(caught.value.__cause__, sqlite3.OperationalError) and caught.value.sqlite_errorname == 'SQLITE_BUSY'
+    )
+    await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))  # the lock gone, it writes
+    assert len(await store.list_events(run_id='r')) == 1
     store.close()
 
 

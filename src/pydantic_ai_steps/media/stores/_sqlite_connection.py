@@ -18,7 +18,7 @@ import anyio.to_thread
 from ..._closing import AsyncClosing
 from ..._errors import check_bool
 from ..._files import store_path
-from ..._sqlite import BackgroundCheckpointer, open_database, require_cross_thread_use
+from ..._sqlite import BackgroundCheckpointer, open_database, raise_if_lock_timed_out, require_cross_thread_use
 from .._errors import check_blob_table
 
 _TABLE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
@@ -109,7 +109,7 @@ class SqliteMediaConnection(AsyncClosing):
         return await anyio.to_thread.run_sync(self._locked, body)
 
     def _locked(self, body: Callable[[sqlite3.Connection], _R]) -> _R:
-        with self._lock:
+        with self._lock, self._lock_waits_named():
             return body(self._conn())
 
     async def _read(self, body: Callable[[sqlite3.Connection, frozenset[str]], _R]) -> _R:
@@ -117,9 +117,18 @@ class SqliteMediaConnection(AsyncClosing):
         return await anyio.to_thread.run_sync(self._read_locked, body)
 
     def _read_locked(self, body: Callable[[sqlite3.Connection, frozenset[str]], _R]) -> _R:
-        with self._lock:
+        with self._lock, self._lock_waits_named():
             conn = self._open()
             return body(conn, self._columns(conn))
+
+    @contextmanager
+    def _lock_waits_named(self) -> Generator[None]:
+        """A write lock another connection held past the busy timeout, raised as an error that says so."""
+        try:
+            yield
+        except sqlite3.OperationalError as error:
+            raise_if_lock_timed_out(error, self._connection, database=self._database)
+            raise
 
     def _columns(self, conn: sqlite3.Connection) -> frozenset[str]:
         if self._schema_ready:

@@ -245,7 +245,7 @@ class SqliteMediaStore(SqliteMediaConnection):
 
     def _get_verified(self, digest: str, uri: str) -> bytes:
         """Read the blob under the lock, then check it against `digest` once the lock is released."""
-        with self._lock:
+        with self._lock, self._lock_waits_named():
             conn = self._open()
             stored = self._get_sync(conn, digest, uri, self._columns(conn))
         if isinstance(stored, bytes):

@@ -23,11 +23,10 @@ from typing import Literal
 
 from ...._errors import check_bool
 from ...._files import store_path
-from ...._sqlite import require_cross_thread_use
+from ...._sqlite import database_file, require_cross_thread_use
 from ....media._protocol import MediaStore
 from ...base import StepStoreBase
 from ._backend import SqliteBackend
-from ._connection import database_file
 
 __all__ = ['SqliteStepStore']
 

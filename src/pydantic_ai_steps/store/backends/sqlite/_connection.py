@@ -21,7 +21,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TypeVar
 
-from ...._sqlite import BackgroundCheckpointer, WriteTransaction, enable_wal, open_database, truncate_wal
+from ...._sqlite import (
+    BackgroundCheckpointer,
+    WriteTransaction,
+    enable_wal,
+    open_database,
+    raise_if_lock_timed_out,
+    truncate_wal,
+)
 from .._offload import FlushTimer, WouldBlock, acquire, may_wait, run_blocking, run_soon
 from ._schema import SCHEMA_VERSION, Columns, check_readable, migrate, schema_version
 
@@ -125,6 +132,10 @@ class SqliteConnection:
             if may_wait():
                 return self._waiting(body, write)
             return self._without_waiting(body, write)
+        except sqlite3.OperationalError as error:  # never a held lock on the loop: that is `WouldBlock`
+            timeout_ms = _BUSY_TIMEOUT_MS if self._owns_connection else None  # a caller's: what it set
+            raise_if_lock_timed_out(error, self._connection, database=self._database, timeout_ms=timeout_ms)
+            raise
         finally:
             self.lock.release()
 
@@ -259,16 +270,6 @@ class SqliteConnection:
             if not immediate:
                 return _AUTOCOMMIT
         return WriteTransaction(conn, _SAVEPOINT)
-
-
-def database_file(connection: sqlite3.Connection | None) -> str | None:
-    """The file behind a connection's main database; `None` for an in-memory or temporary one."""
-    if connection is None:
-        return None
-    for _, name, path in connection.execute('PRAGMA database_list').fetchall():
-        if name == 'main':
-            return path or None
-    return None  # pragma: no cover - every connection has a main database
 
 
 def _schema_cookie(conn: sqlite3.Connection) -> int:
