@@ -594,6 +594,18 @@ async def _write_and_read_through_an_index(database: Path, expected: set[str]) -
         assert await traced.latest_snapshot(run_id='r', include_interrupted=True) is not None
 
 
+async def test_a_database_shared_with_tables_of_any_name_is_read_and_written(tmp_path: Path) -> None:
+    """Another application's tables beside the store's, named as SQL needs quoting for."""
+    database = tmp_path / 'shared.db'
+    with contextlib.closing(sqlite3.connect(database)) as conn, conn:
+        conn.execute('CREATE TABLE "order items" (id INTEGER)')
+        conn.execute('CREATE TABLE "it""s" (id INTEGER)')
+    store = SqliteStepStore(database=database, media_store=None)
+    await store.register_run(RunRecord(run_id='r'))
+    assert [run.run_id for run in await store.list_runs()] == ['r']
+    store.close()
+
+
 async def test_refuses_a_database_from_a_newer_release(tmp_path: Path) -> None:
     database = tmp_path / 'new.db'
     with sqlite3.connect(database) as conn:

@@ -248,7 +248,8 @@ def _tables(conn: sqlite3.Connection) -> set[str]:
 
 
 def table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    return {row[1] for row in conn.execute(f'PRAGMA table_info({table})')}
+    """The table's column names; its name is bound, so another application's table of any name reads too."""
+    return {row[0] for row in conn.execute('SELECT name FROM pragma_table_info(?)', (table,))}
 
 
 @dataclass(frozen=True)
