@@ -7,18 +7,22 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ._errors import StepsError
 
 
-def open_database(database: str, *, durable: bool, timeout: float) -> sqlite3.Connection:
+def open_database(
+    database: str, *, durable: bool, timeout: float, check: Callable[[sqlite3.Connection], object] | None = None
+) -> sqlite3.Connection:
     """A store's own connection to a database file, set up the same way by both SQLite stores.
 
     A new file is created readable by its owner only (SQLite gives its `-wal` and `-shm` files the
     database's permissions: the whole database holds prompts and tool results), with incremental
     auto-vacuum, so deleting runs can give space back (that can only be chosen before the journal
-    mode and the first table). Then WAL, and `synchronous` by `durable`.
+    mode and the first table). An existing one is first given to `check`, which raises to refuse
+    it while nothing in it has changed. Then WAL, and `synchronous` by `durable`.
     """
     new = False
     if database != ':memory:' and not database.startswith('file:'):
@@ -34,6 +38,12 @@ def open_database(database: str, *, durable: bool, timeout: float) -> sqlite3.Co
     connection = sqlite3.connect(database, isolation_level=None, check_same_thread=False, timeout=timeout)
     if new:
         connection.execute('PRAGMA auto_vacuum = INCREMENTAL')
+    elif check is not None:
+        try:
+            check(connection)
+        except BaseException:
+            connection.close()
+            raise
     enable_wal(connection)
     connection.execute(f'PRAGMA synchronous={"FULL" if durable else "NORMAL"}')
     return connection

@@ -59,7 +59,7 @@ def test_another_applications_database_with_a_runs_table_is_not_a_step_store(
     before = database.read_bytes()
     result = run_cli_inprocess(*command, '--store', str(database))
     assert result.returncode == 1
-    assert 'is not a step store' in result.stderr and 'without the column(s) run_id, started_at' in result.stderr
+    assert 'is not a step store' in result.stderr and 'has no column(s) metadata, run_id, started_at' in result.stderr
     assert database.read_bytes() == before
 
 

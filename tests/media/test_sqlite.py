@@ -158,6 +158,27 @@ async def test_a_table_that_is_not_a_media_table_is_refused_and_left_as_it_was(t
         assert [run.run_id for run in await steps.list_runs()] == ['kept']
 
 
+async def test_another_applications_table_of_the_name_is_refused_before_anything_in_the_file_changes(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / 'app.db'
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute('CREATE TABLE media (id INTEGER, name TEXT)')
+        conn.executemany('INSERT INTO media VALUES (?, ?)', [(1, 'poster'), (2, 'trailer')])
+    before = path.read_bytes()
+    store = SqliteMediaStore(database=path)
+    expected = re.escape(f"table 'media' is not a media table in SQLite database '{path}' (it has no bytes")
+    with pytest.raises(ValueError, match=expected):
+        await store.put(b'payload')
+    with pytest.raises(ValueError, match=expected):
+        await store.exists(media_uri_for(b'payload'))
+    store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute('PRAGMA journal_mode').fetchone()[0] == 'delete'
+        assert conn.execute('SELECT * FROM media').fetchall() == [(1, 'poster'), (2, 'trailer')]
+    assert path.read_bytes() == before
+
+
 async def test_foreign_rows_of_the_wrong_type_are_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / 'f.db'
     store = SqliteMediaStore(database=path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import sqlite3
 import threading
 from collections.abc import AsyncGenerator
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+from pydantic_ai_steps._errors import NotAStoreError
 from pydantic_ai_steps._sqlite import DatabaseLockedError
 from pydantic_ai_steps.step_persistence import (
     RunNotFoundError,
@@ -22,6 +24,7 @@ from pydantic_ai_steps.step_persistence import (
     SqliteStepStore,
     StepEvent,
     ToolEffectRecord,
+    open_step_store,
 )
 from pydantic_ai_steps.store.backends import _offload as offload_module
 from pydantic_ai_steps.store.backends.sqlite import _connection as sqlite_module
@@ -604,6 +607,52 @@ async def test_a_database_shared_with_tables_of_any_name_is_read_and_written(tmp
     await store.register_run(RunRecord(run_id='r'))
     assert [run.run_id for run in await store.list_runs()] == ['r']
     store.close()
+
+
+FOREIGN_LAYOUTS = {
+    'runs table': (
+        'CREATE TABLE runs (id INTEGER, name TEXT)',
+        'its runs table has no column(s) metadata, run_id, started_at',
+    ),
+    'version table': (
+        'CREATE TABLE schema_version (version INTEGER, name TEXT)',
+        'it has a schema_version table but no runs table',
+    ),
+}
+
+
+@pytest.mark.parametrize('layout', FOREIGN_LAYOUTS)
+@pytest.mark.parametrize('opened', ['database=', 'url', 'connection='])
+async def test_another_applications_database_is_refused_before_anything_in_it_changes(
+    tmp_path: Path, layout: str, opened: str
+) -> None:
+    database = tmp_path / 'app.db'
+    create, problem = FOREIGN_LAYOUTS[layout]
+    table = create.split()[2]
+    with contextlib.closing(sqlite3.connect(database)) as conn, conn:
+        conn.execute(create)
+        conn.executemany(f'INSERT INTO {table} VALUES (?, ?)', [(1, 'nightly'), (2, 'weekly')])
+    before = database.read_bytes()
+    shared = sqlite3.connect(database, check_same_thread=False)
+    if opened == 'database=':
+        store: Any = SqliteStepStore(database=database)
+    elif opened == 'url':
+        store = open_step_store(f'sqlite:///{database}')
+    else:
+        store = SqliteStepStore(connection=shared)
+    expected = re.escape(f"SQLite database '{database}' holds tables that are not a step store's ({problem}")
+    with pytest.raises(NotAStoreError, match=expected) as caught:  # its payload goes to the media store first
+        await store.save_snapshot(snap('r', history(1, 'x' * 70_000), 1))
+    assert isinstance(caught.value, ValueError)
+    with pytest.raises(NotAStoreError, match=expected):
+        await store.register_run(RunRecord(run_id='r'))
+    with pytest.raises(NotAStoreError, match=expected):
+        await store.list_runs()
+    await store.aclose()
+    shared.close()
+    assert query(database, 'PRAGMA journal_mode') == [('delete',)]
+    assert query(database, f'SELECT * FROM {table}') == [(1, 'nightly'), (2, 'weekly')]
+    assert database.read_bytes() == before
 
 
 async def test_refuses_a_database_from_a_newer_release(tmp_path: Path) -> None:

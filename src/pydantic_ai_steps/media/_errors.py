@@ -42,11 +42,14 @@ BLOB_TABLE_COLUMNS = frozenset({'sha256', 'bytes', 'size_bytes'})
 """The columns every layout of a SQL blob table has (the upstream package's one-row table too)."""
 
 
-def check_blob_table(table: str, columns: Collection[str]) -> None:
-    """Refuse an existing table that holds something else (a step store's runs, say) before it is widened."""
+def check_blob_table(table: str, columns: Collection[str], where: str = '') -> None:
+    """Refuse an existing table that holds something else (a step store's runs, say) before it is widened.
+
+    `where` names the database, for a store that can tell (` in SQLite database '/path/x.db'`).
+    """
     missing = BLOB_TABLE_COLUMNS.difference(columns) if columns else frozenset[str]()
     if missing:
         raise ValueError(
-            f'table {table!r} is not a media table (it has no {", ".join(sorted(missing))} column); nothing was '
-            "changed. Give the media store a table of its own with table= (the default is 'media')"
+            f'table {table!r} is not a media table{where} (it has no {", ".join(sorted(missing))} column); nothing '
+            "was changed. Give the media store a table of its own with table= (the default is 'media')"
         )

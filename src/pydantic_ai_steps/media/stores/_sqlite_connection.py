@@ -18,7 +18,13 @@ import anyio.to_thread
 from ..._closing import AsyncClosing
 from ..._errors import check_bool
 from ..._files import store_path
-from ..._sqlite import BackgroundCheckpointer, open_database, raise_if_lock_timed_out, require_cross_thread_use
+from ..._sqlite import (
+    BackgroundCheckpointer,
+    database_file,
+    open_database,
+    raise_if_lock_timed_out,
+    require_cross_thread_use,
+)
 from .._errors import check_blob_table
 
 _TABLE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
@@ -130,19 +136,27 @@ class SqliteMediaConnection(AsyncClosing):
             raise_if_lock_timed_out(error, self._connection, database=self._database)
             raise
 
+    def _check_database(self, conn: sqlite3.Connection) -> None:
+        """Refuse, before anything in it changes, a database whose table of this store's name holds something else."""
+        self._columns(conn)
+
     def _columns(self, conn: sqlite3.Connection) -> frozenset[str]:
         if self._schema_ready:
             return COLUMNS
         columns = frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")'))
-        check_blob_table(self._table, columns)
+        self._check_table(conn, columns)
         return columns
+
+    def _check_table(self, conn: sqlite3.Connection, columns: frozenset[str]) -> None:
+        where = self._database or database_file(conn) or ':memory:'
+        check_blob_table(self._table, columns, f' in SQLite database {where!r}')
 
     def _open(self) -> sqlite3.Connection:
         """The connection, opened on first use (on this worker thread); call under the lock."""
         conn = self._connection
         if conn is None:
             assert self._database is not None
-            conn = open_database(self._database, durable=self.durable, timeout=30)
+            conn = open_database(self._database, durable=self.durable, timeout=30, check=self._check_database)
             self._connection = conn
         return conn
 
@@ -165,7 +179,7 @@ class SqliteMediaConnection(AsyncClosing):
             'size_bytes INTEGER NOT NULL, metadata TEXT, blob_id INTEGER, stored_at REAL)'
         )
         columns = frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{self._table}")'))
-        check_blob_table(self._table, columns)
+        self._check_table(conn, columns)
         migrations = (('media_type', 'TEXT'), ('metadata', 'TEXT'), ('blob_id', 'INTEGER'), ('stored_at', 'REAL'))
         for column, declaration in migrations:
             if column not in columns:

@@ -59,7 +59,9 @@ class SqliteStepStore(StepStoreBase):
     a power loss can roll back the last transactions but never corrupts the database. With
     `durable=True` (`synchronous=FULL`) every commit is flushed to disk before the call returns,
     so it survives power loss as well. A new database file is created readable by its owner only.
-    The database is migrated to this release's layout by the first write, never by a read.
+    The database is migrated to this release's layout by the first write, never by a read. A
+    database with tables of these names that are another application's (a `runs` table of its
+    own, say) is refused with `NotAStoreError` before anything in it changes.
     """
 
     def __init__(
@@ -86,12 +88,13 @@ class SqliteStepStore(StepStoreBase):
         owned = media_store == 'auto'
         if media_store == 'auto':
             from ....media.stores.sqlite import SqliteMediaStore
+            from ._media import OwnMediaStore
 
             # Same database, own connection: the media store serializes its calls with its own lock,
             # so on a shared connection its commit could land inside this store's transaction.
             file = path if path is not None else database_file(connection)
             if file is not None:
-                media_store = SqliteMediaStore(database=file, durable=durable)
+                media_store = OwnMediaStore(database=file, durable=durable)
             else:  # an in-memory database exists only on that connection: both stores take turns on it
                 media_store = SqliteMediaStore(connection=connection, durable=durable, lock=backend.lock)
         super().__init__(

@@ -31,11 +31,9 @@ from .._sql import SQLITE, order_and_limit, run_filters
 from ._connection import SqliteConnection
 from ._inserts import Insert
 from ._legacy import legacy_texts
-from ._schema import ON_KEY_CONFLICT, RUN_COLUMNS
+from ._schema import ON_KEY_CONFLICT, RUN_COLUMNS, Columns, foreign_tables
 
 _MEMORY = ':memory:'
-_STEP_STORE_RUN_COLUMNS = frozenset({'run_id', 'started_at'})
-"""Columns the `runs` table has in every layout (this package's and the upstream package's)."""
 _CHUNK = 500
 _values: Callable[[Row], Collection[object]] = dict[str, Any].values
 """A row's values in column order, mapped over rows in C."""
@@ -369,16 +367,16 @@ class SqliteBackend(SqliteConnection):
         try:
             reader = sqlite3.connect(path.resolve().as_uri() + '?mode=ro', uri=True, timeout=5.0)
             try:
-                columns = {row[1] for row in reader.execute('PRAGMA table_info(runs)')}
+                columns = Columns.read(reader)
             finally:
                 reader.close()
         except sqlite3.Error as error:
             return _unreadable(path, real, size, error, wal=header[18:20] == b'\x02\x02')
-        if not columns:
+        if not columns.has('runs'):
             return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path} has no runs table')
-        missing = sorted(_STEP_STORE_RUN_COLUMNS - columns)
-        if missing:  # another application's table of that name
-            detail = f'{path} has a runs table without the column(s) {", ".join(missing)} every step store has'
+        problem = foreign_tables(columns)
+        if problem is not None:  # another application's tables of those names
+            detail = f"{path} holds tables that are not a step store's ({problem})"
             return Probe(exists=True, step_store=False, size_bytes=size, detail=detail)
         return Probe(exists=True, step_store=True, size_bytes=size)
 

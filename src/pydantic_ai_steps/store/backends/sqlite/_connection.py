@@ -24,13 +24,14 @@ from typing import TypeVar
 from ...._sqlite import (
     BackgroundCheckpointer,
     WriteTransaction,
+    database_file,
     enable_wal,
     open_database,
     raise_if_lock_timed_out,
     truncate_wal,
 )
 from .._offload import FlushTimer, WouldBlock, acquire, may_wait, run_blocking, run_soon
-from ._schema import SCHEMA_VERSION, Columns, check_readable, migrate, schema_version
+from ._schema import SCHEMA_VERSION, Columns, check_readable, check_step_tables, migrate, schema_version
 
 _R = TypeVar('_R')
 _SAVEPOINT = 'pydantic_ai_steps_store'
@@ -215,13 +216,17 @@ class SqliteConnection:
         conn = self._connection
         if conn is None:
             assert self._database is not None
-            conn = open_database(self._database, durable=self.durable, timeout=_BUSY_TIMEOUT_MS / 1000)
+            conn = open_database(
+                self._database, durable=self.durable, timeout=_BUSY_TIMEOUT_MS / 1000, check=self._read_view
+            )
             self._busy_timeout_set = True
             conn.execute(f'PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}')
             # Checkpoints flush to disk: they run on a thread of their own every
             # `_CHECKPOINT_EVERY` commits, never inside a commit (see `BackgroundCheckpointer`).
             conn.execute('PRAGMA wal_autocheckpoint = 0')
             self._connection = conn
+        if self._columns is None:  # before anything below changes the database
+            self._read_view(conn)
         if write and not self._migrated:
             if not self._owns_connection and not conn.in_transaction:
                 # A shared connection gets WAL too (a property of the database file, so it sticks);
@@ -237,8 +242,6 @@ class SqliteConnection:
             self._columns = None
             if migrated:
                 self._read_view(conn)
-        elif self._columns is None:
-            self._read_view(conn)
         return conn
 
     def _view(self, conn: sqlite3.Connection) -> Columns:
@@ -254,7 +257,9 @@ class SqliteConnection:
         self._schema_cookie = _schema_cookie(conn)  # first: a change after it is seen at the next read
         version = schema_version(conn)
         check_readable(version)
-        columns = self._columns = Columns.read(conn)
+        columns = Columns.read(conn)
+        check_step_tables(columns, self._database or database_file(conn) or ':memory:')
+        self._columns = columns
         self._migrated = version == SCHEMA_VERSION
         return columns
 

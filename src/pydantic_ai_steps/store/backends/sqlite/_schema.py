@@ -15,11 +15,13 @@ writing the same file. What upstream cannot read afterwards: the snapshots this 
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
-from ...._errors import SchemaVersionError
+from ...._errors import NotAStoreError, SchemaVersionError
 from ...codec import RUN_FIELDS
 
 SCHEMA_VERSION = 3
@@ -55,6 +57,7 @@ _CREATE_TABLES = (
     'started_at TEXT NOT NULL, ended_at TEXT, idempotency_key TEXT, effect_summary TEXT, resolution TEXT, '
     'resolved_by TEXT, resolved_at TEXT, resolution_note TEXT, PRIMARY KEY (run_id, tool_call_id))',
 )
+_CREATE_SCHEMA_VERSION = 'CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)'
 _ADDED_COLUMNS = (
     # Nullable columns a table of an older database (or the upstream package's, or a partial one) may lack.
     ('runs', 'conversation_id', 'TEXT'),
@@ -142,7 +145,7 @@ def migrate(conn: sqlite3.Connection) -> None:
 
 def _migrate_to_1(conn: sqlite3.Connection) -> None:
     """The message log. Databases of older layouts (ours, or the upstream package's) are adopted."""
-    conn.execute('CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)')
+    conn.execute(_CREATE_SCHEMA_VERSION)
 
 
 def _migrate_to_2(conn: sqlite3.Connection) -> None:
@@ -271,3 +274,44 @@ class Columns:
         """`a, b, NULL, ...` for `fields`, NULL where the column is missing."""
         present = self.columns.get(table, frozenset())
         return ', '.join(f'{prefix}{name}' if name in present else 'NULL' for name in fields)
+
+
+def foreign_tables(columns: Columns) -> str | None:
+    """What makes tables of a step store's names another application's, or `None`.
+
+    Every layout a step store opens (this one, older ones, the upstream package's) has `runs`, and
+    in each of these tables the columns no migration adds. Migrating a table without them would
+    widen it, or fail halfway; other tables beside a step store's are no concern of it.
+    """
+    required = _required_columns()
+    present = [table for table in required if columns.has(table)]
+    if present and not columns.has('runs'):
+        return f'it has a {present[0]} table but no runs table'
+    for table in present:
+        missing = sorted(required[table] - columns.columns[table])
+        if missing:
+            return f"its {table} table has no column(s) {', '.join(missing)}, which every step store's has"
+    return None
+
+
+def check_step_tables(columns: Columns, database: str) -> None:
+    """Refuse another application's database, before anything is changed in it (its journal mode included)."""
+    problem = foreign_tables(columns)
+    if problem is not None:
+        raise NotAStoreError(
+            f"SQLite database {database!r} holds tables that are not a step store's ({problem}); nothing in it "
+            'was changed. Give the step store a database of its own'
+        )
+
+
+@functools.cache
+def _required_columns() -> dict[str, frozenset[str]]:
+    """Each table's columns that no migration adds, read from the tables this layout creates."""
+    added = {(table, column) for table, column, _ in _ADDED_COLUMNS}
+    with closing(sqlite3.connect(':memory:')) as conn:
+        for statement in (_CREATE_SCHEMA_VERSION, *_CREATE_TABLES):
+            conn.execute(statement)
+        return {
+            table: frozenset(column for column in table_columns(conn, table) if (table, column) not in added)
+            for table in ('schema_version', *TABLES)
+        }
