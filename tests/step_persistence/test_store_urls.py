@@ -77,6 +77,30 @@ def test_a_url_naming_several_hosts_opens_as_the_driver_takes_it(url: str) -> No
 
 
 @pytest.mark.parametrize(
+    ('url', 'name'),
+    [
+        ('postgresql://app:s3cret@db/steps?table=a&table=b', 'table'),
+        ('postgres://app:s3cret@db/steps?sslmode=require&application_name=x&sslmode=disable', 'sslmode'),
+        ('postgresql://app@/steps?host=/run/a&password=s3cret&host=/run/b', 'host'),
+        ('postgresql://app@db/steps?password=s3cret&password=s3cret2', 'password'),
+        ('mongodb://app:s3cret@h/agents?replicaSet=a&replicaset=b', 'replicaset'),
+        ('mongodb+srv://app:s3cret@cluster.example/agents?authSource=a;authSource=b', 'authSource'),
+    ],
+)
+def test_a_query_parameter_given_twice_is_refused_naming_it(url: str, name: str) -> None:
+    """A driver takes one of them (the last, mostly) without a word: which did the user mean?"""
+    with pytest.raises(StoreUrlError, match=f"query parameter '{name}' is given more than once") as refused:
+        open_step_store(url)
+    message = str(refused.value)
+    assert redacted_url(url) in message and 's3cret' not in message
+
+
+def test_a_query_parameter_the_driver_takes_several_times_may_repeat() -> None:
+    url = 'mongodb://h/agents?readPreference=secondary&readPreferenceTags=dc:ny&readPreferenceTags='
+    assert resolve(url).target == url
+
+
+@pytest.mark.parametrize(
     ('url', 'shown'),
     [
         ('postgresql://app@db/steps?password=s3cret&table=t', 'postgresql://app@db/steps?password=***&table=t'),

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, unquote_plus, urlsplit
 
 from .._errors import StoreUrlError
 from .._urls import raw_userinfo, redacted_url
@@ -170,11 +170,15 @@ class MemoryScheme(StoreScheme):
 class ServerScheme(StoreScheme):
     """A networked store, whose module (and driver) is imported only when a URL names it."""
 
-    def __init__(self, scheme: str, aliases: tuple[str, ...], example: str, loader: str) -> None:
+    def __init__(
+        self, scheme: str, aliases: tuple[str, ...], example: str, loader: str, repeatable: frozenset[str] = frozenset()
+    ) -> None:
         self.scheme = scheme
         self.aliases = aliases
         self.example = example
         self._loader = loader
+        self.repeatable = repeatable
+        """Query parameters the driver takes more than once (in lower case), such as pymongo's `readPreferenceTags`."""
 
     def parse(self, url: str) -> StoreLocation:
         if _password_split_early(url):
@@ -189,6 +193,12 @@ class ServerScheme(StoreScheme):
             raise StoreUrlError(
                 f'bad {self.scheme} store URL {redacted_url(url)!r}: {error}; expected {self.example}'
             ) from None
+        repeated = _repeated_parameter(parts.query, self.repeatable)
+        if repeated is not None:
+            raise StoreUrlError(
+                f'bad {self.scheme} store URL {redacted_url(url)!r}: the query parameter {repeated!r} is given more '
+                'than once, and only one of its values would be used; give it once'
+            )
         if not parts.hostname and parts.scheme != 'mongodb+srv' and not _host_in_query(parts.query):
             raise StoreUrlError(f'bad {self.scheme} store URL {redacted_url(url)!r}: no host; expected {self.example}')
         return StoreLocation(self, url, redacted_url(url))
@@ -212,6 +222,21 @@ def _check_ports(netloc: str) -> None:
 def _host_in_query(query: str) -> bool:
     """libpq's form for a Unix socket or several hosts: `postgresql://user@/db?host=/run/postgresql`."""
     return any(name == 'host' and value for name, value in parse_qsl(query, keep_blank_values=True))
+
+
+def _repeated_parameter(query: str, repeatable: frozenset[str]) -> str | None:
+    """The first query parameter named again (in any case, as pymongo compares them; `;` separates
+    them too, as pymongo allows), unless the driver takes it several times; `None` if there is none."""
+    seen: set[str] = set()
+    for item in re.split('[&;]', query):
+        name = unquote_plus(item.partition('=')[0])
+        key = name.lower()
+        if not name or key in repeatable:
+            continue
+        if key in seen:
+            return name
+        seen.add(key)
+    return None
 
 
 def _password_split_early(url: str) -> bool:
@@ -249,7 +274,11 @@ register_scheme(
 )
 register_scheme(
     ServerScheme(
-        'mongodb', ('mongodb+srv',), 'mongodb://host:27017/db', 'pydantic_ai_steps.store.backends.mongo:open_location'
+        'mongodb',
+        ('mongodb+srv',),
+        'mongodb://host:27017/db',
+        'pydantic_ai_steps.store.backends.mongo:open_location',
+        repeatable=frozenset({'readpreferencetags'}),
     )
 )
 
