@@ -13,7 +13,9 @@ or arms a fail point (which acts on every client), does it to a private server i
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -101,3 +103,41 @@ def give_away(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
         foreign.add((info.st_dev, info.st_ino))
 
     return give
+
+
+@pytest.fixture
+def plant_fifo() -> Iterator[Callable[[Path], None]]:
+    """Make a FIFO at a path; the test fails if anything waits to read it.
+
+    Opening a FIFO for reading waits for a writer, so a store that did would hang the suite. After
+    a few seconds a watchdog opens each FIFO for writing, which lets such a reader go on (to an
+    empty read), and the test then fails naming the FIFO it waited on.
+    """
+    fifos: list[Path] = []
+    released: list[Path] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(5):
+            return
+        while not done.wait(0.05):
+            for fifo in fifos:
+                try:
+                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # only while a reader has it open
+                except OSError as error:
+                    if error.errno not in (errno.ENXIO, errno.ENOENT):
+                        raise
+                else:
+                    released.append(fifo)
+
+    watchdog = threading.Thread(target=watch, daemon=True)
+    watchdog.start()
+
+    def plant(path: Path) -> None:
+        os.mkfifo(path, 0o600)
+        fifos.append(path)
+
+    yield plant
+    done.set()
+    watchdog.join()
+    assert not released, f'waited to read the FIFO at {released[0]}'

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
 import sys
 from pathlib import Path
 from typing import cast
+
+_NONBLOCK = getattr(os, 'O_NONBLOCK', 0)
+_OPEN_FLAGS = getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0) | _NONBLOCK
+"""Never through a link, never waiting on a FIFO (see `open_regular`)."""
 
 _euid: int | None = None
 """This process's effective user id, as last asked (see `_is_own`)."""
@@ -45,15 +50,49 @@ def check_entry(info: os.stat_result, path: Path | str, what: str, *, directory:
     """The one rule for every entry a store uses: not a link, a directory or a regular file as
     expected, owned by this user. `info` is the entry's `lstat` (or the `fstat` of a descriptor
     opened with `O_NOFOLLOW`), so checking costs no system call of its own."""
+    check_kind(info, path, what, directory=directory)
+    if not _is_own(info.st_uid):
+        raise UnsafeEntryError(f'{what} {path} belongs to another user (uid {info.st_uid}); refusing to use it')
+
+
+def check_kind(info: os.stat_result, path: Path | str, what: str, *, directory: bool) -> None:
+    """The part of `check_entry` that looks at the kind of entry only, not at its owner."""
     mode = info.st_mode
     if stat.S_ISLNK(mode):
-        raise UnsafeEntryError(f'{what} {path} is a symbolic link; the store does not follow links')
+        raise _link_error(path, what)
     if directory and not stat.S_ISDIR(mode):
         raise UnsafeEntryError(f'{what} {path} is not a directory')
     if not directory and not stat.S_ISREG(mode):
         raise UnsafeEntryError(f'{what} {path} is not a regular file')
-    if not _is_own(info.st_uid):
-        raise UnsafeEntryError(f'{what} {path} belongs to another user (uid {info.st_uid}); refusing to use it')
+
+
+def open_regular(path: Path | str, flags: int, what: str) -> tuple[int, os.stat_result]:
+    """`os.open` of the regular file at `path` (created 0o600 with `O_CREAT`), with its `fstat`.
+
+    A link there is `UnsafeEntryError`, and so is any other entry that is not a regular file
+    (`check_kind`); its owner is the caller's to check. The open is non-blocking, since opening
+    a FIFO planted there for reading would wait for a writer before `fstat` could refuse it; the
+    descriptor of a regular file is made blocking again.
+    """
+    try:
+        fd = os.open(path, flags | _OPEN_FLAGS, 0o600)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise _link_error(path, what) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        check_kind(info, path, what, directory=False)
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
+def _link_error(path: Path | str, what: str) -> UnsafeEntryError:
+    return UnsafeEntryError(f'{what} {path} is a symbolic link; the store does not follow links')
 
 
 def check_directory(path: Path | str, what: str) -> bool:
@@ -105,7 +144,7 @@ def fsync_dir(path: Path) -> None:
     """
     if sys.platform == 'win32':  # pragma: no cover - directories cannot be opened there
         return
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_DIRECTORY', 0))  # a FIFO there is refused, not waited on
     try:
         os.fsync(fd)
     finally:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pydantic_ai_steps._files import fsync_dir
 from pydantic_ai_steps.media import DiskMediaStore, MediaContext, media_uri_for
 from pydantic_ai_steps.media.stores import disk
 from pydantic_ai_steps.store import CollectableMediaStore
@@ -204,6 +205,32 @@ async def test_a_folder_at_a_blobs_name_reads_as_missing_and_holds_no_descriptor
             await store.get(uri)
     assert len(os.listdir('/proc/self/fd')) == descriptors
     assert not await store.exists(uri)
+
+
+async def test_a_fifo_at_a_blobs_name_reads_as_missing_without_waiting(
+    tmp_path: Path, plant_fifo: Callable[[Path], None]
+) -> None:
+    """Opening a FIFO for reading waits for a writer: a FIFO reads as missing, as a folder does."""
+    store = DiskMediaStore(tmp_path)
+    uri = media_uri_for(b'shadowed')
+    kept = await store.put(b'kept')
+    plant_fifo(tmp_path / f'{digest(uri)}.bin')
+    plant_fifo(tmp_path / f'{digest(kept)}.bin{disk.SIDECAR_SUFFIX}')
+    with pytest.raises(FileNotFoundError, match='media not found'):
+        await store.get(uri)
+    with pytest.raises(FileNotFoundError, match='media not found'):
+        await store.get_metadata(uri)
+    assert not await store.exists(uri)
+    assert await store.get_metadata(kept) == {}
+    assert await listed(store) == {kept: 4}
+
+
+def test_a_fifo_in_place_of_a_folder_is_not_waited_on_when_syncing_it(
+    tmp_path: Path, plant_fifo: Callable[[Path], None]
+) -> None:
+    plant_fifo(tmp_path / 'folder')
+    with pytest.raises(NotADirectoryError):
+        fsync_dir(tmp_path / 'folder')
 
 
 def fanned_out(uri: str, context: MediaContext) -> str:

@@ -332,6 +332,29 @@ async def test_an_events_file_that_is_a_directory_does_not_break_the_store(tmp_p
     assert [r.run_id for r in await FileStepStore(tmp_path).list_runs(conversation_id='c')] == ['odd', 'fine']
 
 
+async def test_record_files_that_are_fifos_read_as_missing_without_waiting(
+    tmp_path: Path, plant_fifo: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Opening a FIFO for reading waits for a writer: a FIFO is refused as a folder is, at once."""
+    store = FileStepStore(tmp_path)
+    for run_id in ('odd', 'fine'):
+        await store.register_run(RunRecord(run_id=run_id, conversation_id='c'))
+        await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
+    await store.save_snapshot(snap('odd', history(1), 1))
+    for name in ('run.json', 'events.jsonl', 'snapshots/1.json', 'messages.jsonl'):
+        (tmp_path / 'odd' / name).unlink()
+        plant_fifo(tmp_path / 'odd' / name)
+    (tmp_path / '_index' / 'runs.jsonl').unlink()
+    plant_fifo(tmp_path / '_index' / 'runs.jsonl')
+    reader = FileStepStore(tmp_path)
+    assert await reader.list_events(run_id='odd') == []
+    assert await reader.latest_snapshot(run_id='odd') is None
+    assert [r.run_id for r in await reader.list_runs(conversation_id='c')] == ['fine']
+    with pytest.raises(PermissionError, match=r'events\.jsonl is not a regular file'):
+        await reader.append_event(StepEvent(run_id='odd', kind='run_completed', step_index=1))
+    assert 'is not a regular file' in caplog.text
+
+
 async def test_a_sqlite_database_without_some_tables_reads_empty_and_migrates_on_write(tmp_path: Path) -> None:
     database = tmp_path / 'partial.db'
     with sqlite3.connect(database) as connection:

@@ -48,7 +48,7 @@ import anyio.to_thread
 
 from ..._closing import AsyncClosing
 from ..._errors import check_bool
-from ..._files import UnsafeEntryError, check_directory, check_file, fsync_dir, store_path
+from ..._files import UnsafeEntryError, check_directory, check_file, fsync_dir, open_regular, store_path
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
@@ -420,7 +420,7 @@ def _hash_file(path: str) -> str | None:
 
 def _read_regular(path: Path) -> bytes | None:
     """The bytes of the regular file at `path`; `None` if there is none, or another kind of entry (a
-    link planted there, a folder) is there instead: a read never follows a link."""
+    link planted there, a folder, a FIFO) is there instead: a read never follows a link nor waits."""
     file = _open_regular(path)
     if file is None:
         return None
@@ -430,15 +430,8 @@ def _read_regular(path: Path) -> bytes | None:
 
 def _open_regular(path: str | Path) -> io.BufferedReader | None:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0))
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            return None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder opens too: looked at before `open` would refuse it
-        os.close(fd)
+        fd, _ = open_regular(path, os.O_RDONLY, 'media blob')
+    except (FileNotFoundError, UnsafeEntryError):
         return None
     return open(fd, 'rb')
 

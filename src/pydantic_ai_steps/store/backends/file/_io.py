@@ -1,11 +1,11 @@
 """File primitives of the File store: whole-line appends, exclusive atomic writes, tails, safe paths.
 
 Every file is created owner-only (0o600, directories 0o700): runs hold prompts and tool results.
-No file is opened through a symbolic link (`O_NOFOLLOW`), every file opened is checked to be a
-regular file owned by this user (on the `fstat` the open needs anyway), and every directory the
-store enters is checked the same way first (`check_directory`, the rule in `_files`), so a link
-or another user's entry planted in a store directory can neither make the store write elsewhere
-nor feed it records.
+No file is opened through a symbolic link (`O_NOFOLLOW`) or waited on (a FIFO planted at a
+file's name is refused like a folder), every file opened is checked to be a regular file owned by
+this user (on the `fstat` the open needs anyway), and every directory the store enters is checked
+the same way first (`check_directory`, the rule in `_files`), so a link or another user's entry
+planted in a store directory can neither make the store write elsewhere nor feed it records.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from ...._files import UnsafeEntryError, check_entry, fsync_dir
+from ...._files import check_entry, fsync_dir, open_regular
 from ...._json import compact_json, loads
 from .._offload import WouldBlock, may_wait
 
@@ -30,8 +30,6 @@ logger = logging.getLogger('pydantic_ai_steps.file_store')
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
-_NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
-_BINARY = getattr(os, 'O_BINARY', 0)
 
 if sys.platform != 'win32':
     import fcntl
@@ -52,14 +50,16 @@ else:  # pragma: no cover - Windows has no flock; see the FileStepStore docstrin
         del fd
 
 
-def open_file(path: Path, flags: int) -> int:
-    """`os.open` that never follows a link at `path` (an `UnsafeEntryError` instead)."""
+def open_file(path: Path, flags: int) -> tuple[int, os.stat_result]:
+    """The regular file of this user at `path`, opened by `open_regular` (never through a link, never
+    waiting on a FIFO) and checked by `check_entry` (`UnsafeEntryError`), with its `fstat`."""
+    fd, info = open_regular(path, flags, 'file')
     try:
-        return os.open(path, flags | _NOFOLLOW | _BINARY, FILE_MODE)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise UnsafeEntryError(f'{path} is a symbolic link; the store does not follow links') from None
+        check_entry(info, path, 'file', directory=False)
+    except BaseException:
+        os.close(fd)
         raise
+    return fd, info
 
 
 @dataclass
@@ -91,10 +91,8 @@ class Appender:
 def append_locked(path: Path, *, lock: bool = True) -> Generator[Appender]:
     """An `O_APPEND` descriptor on `path` (created if missing, its directory never), under `flock`
     unless `lock=False` (closing releases it). `FileNotFoundError` when the directory is gone."""
-    fd = open_file(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+    fd, info = open_file(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
-        info = os.fstat(fd)
-        check_entry(info, path, 'file', directory=False)
         if lock:
             lock_fd(fd)
         yield Appender(path, fd, info.st_ino)
@@ -149,7 +147,7 @@ def _temporary(target: Path, data: bytes, durable: bool) -> Generator[Path]:
 
 def _write_new(path: Path, data: bytes, durable: bool) -> None:
     """Create `path` (it must not exist: `FileExistsError`), owner-only, holding `data`."""
-    fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    fd, _ = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         write_all(fd, data)
         if durable:
@@ -188,10 +186,8 @@ def make_dir(path: Path) -> bool:
 def read_bytes(path: Path) -> bytes:
     """A file's bytes, never through a link; `FileNotFoundError` if absent, `UnsafeEntryError` and
     friends (`OSError`) if it is not a readable regular file of this user."""
-    fd = open_file(path, os.O_RDONLY)
+    fd, info = open_file(path, os.O_RDONLY)
     try:
-        info = os.fstat(fd)
-        check_entry(info, path, 'file', directory=False)
         chunks: list[bytes] = []
         while chunk := os.read(fd, max(info.st_size, 1 << 16)):
             chunks.append(chunk)
@@ -251,7 +247,7 @@ class Tail:
             info = os.lstat(path)
             if info.st_ino == self.inode and info.st_size == self.offset:
                 return  # nothing new: the common case, one stat instead of open + fstat + close
-            fd = open_file(path, os.O_RDONLY)
+            fd, _ = open_file(path, os.O_RDONLY)
         except FileNotFoundError:
             if self.inode is not None:
                 self.reset()
@@ -305,12 +301,10 @@ class Tail:
 def last_line(path: Path) -> bytes | None:
     """The last complete line of a file, read from its end; `None` if there is none."""
     try:
-        fd = open_file(path, os.O_RDONLY)
-    except OSError:  # absent, a directory, a link: no line to read
+        fd, info = open_file(path, os.O_RDONLY)
+    except OSError:  # absent, not a regular file of this user: no line to read
         return None
     try:
-        info = os.fstat(fd)
-        check_entry(info, path, 'file', directory=False)
         size = info.st_size
         chunk = 4096
         while True:
@@ -323,7 +317,5 @@ def last_line(path: Path) -> bytes | None:
             if start == 0 or chunk >= 1 << 22:
                 return None
             chunk *= 4
-    except UnsafeEntryError:  # not a regular file, or another user's: no line to read either
-        return None
     finally:
         os.close(fd)
