@@ -38,7 +38,7 @@ def without_refresh(store: Store) -> Generator[None]:
     """The old repeat put: look the blob up, write nothing."""
     if isinstance(store, DiskMediaStore):
         refresh = disk._refresh  # pyright: ignore[reportPrivateUsage]
-        disk._refresh = lambda blob: blob.is_file()  # pyright: ignore[reportPrivateUsage]
+        disk._refresh = lambda blob, size: blob.is_file()  # pyright: ignore[reportPrivateUsage]
         try:
             yield
         finally:
@@ -63,7 +63,8 @@ def step_us(store: Store, uri: str, calls: int, refresh: bool) -> float:
     """The repeat put's own step for a stored blob, called directly: the refresh, or the old lookup."""
     if isinstance(store, DiskMediaStore):
         path = store._path(uri, MediaContext())  # pyright: ignore[reportPrivateUsage]
-        step: Callable[[], object] = (lambda: disk._refresh(path)) if refresh else path.is_file  # pyright: ignore[reportPrivateUsage]
+        size = path.stat().st_size
+        step: Callable[[], object] = (lambda: disk._refresh(path, size)) if refresh else path.is_file  # pyright: ignore[reportPrivateUsage]
     else:
         conn = store._conn()  # pyright: ignore[reportPrivateUsage]
         digest = uri[-64:]

@@ -59,6 +59,22 @@ async def test_disk_get_of_a_damaged_file_raises(tmp_path: Path, size: int, dama
     assert await store.get(uri) == data  # repaired: reads again
 
 
+@pytest.mark.parametrize('size', [100, 3 * MiB], ids=['small', 'large'])
+@pytest.mark.parametrize('damage', ['truncated', 'emptied', 'extended'])
+async def test_disk_put_of_the_same_bytes_repairs_a_file_of_another_size(
+    tmp_path: Path, size: int, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = DiskMediaStore(tmp_path)
+    data = payload(size)
+    uri = await store.put(data)
+    blob = tmp_path / f'{uri[-64:]}.bin'
+    blob.write_bytes({'truncated': data[: size // 2], 'emptied': b'', 'extended': data + b'!'}[damage])
+    assert await store.put(data) == uri
+    assert await store.get(uri) == data
+    assert f'media blob {blob} holds' in caplog.text
+    assert [path.name for path in tmp_path.iterdir()] == [blob.name]  # no temporary file left
+
+
 # -- SQLite ----------------------------------------------------------------------------------------
 
 

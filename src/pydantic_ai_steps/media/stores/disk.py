@@ -14,7 +14,9 @@ calling worker thread writes it to a temporary file in the store's root (both re
 and the file is then renamed to the name its digest gives, so storing a large blob costs little
 more than hashing it. If a blob of that digest is already there, the temporary file is removed
 and the stored blob is left as it is. Smaller payloads are hashed first and written only when
-their blob is missing.
+their blob is missing. Either way a stored file of another size than the payload (cut short, or
+grown) is damaged: it is replaced. A file of the right size is trusted as it is: checking it
+would read and hash the whole file on every put of stored bytes.
 
 `get` hashes the bytes it read (on its worker thread, never the event loop) and raises
 `MediaIntegrityError` (a `FileNotFoundError`) when they do not match the URI's digest: a damaged
@@ -48,7 +50,7 @@ import anyio.to_thread
 
 from ..._closing import AsyncClosing
 from ..._errors import check_bool
-from ..._files import UnsafeEntryError, check_directory, check_file, fsync_dir, open_regular, store_path
+from ..._files import UnsafeEntryError, check_directory, check_entry, fsync_dir, open_regular, store_path
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
@@ -186,7 +188,7 @@ class DiskMediaStore(AsyncClosing):
             uri = uri_for_digest(hashlib.sha256(data).hexdigest())
             path = self._path(uri, context)
             self._enter(path.parent, create=True)
-            if not _refresh(path):
+            if not _refresh(path, len(data)):
                 _write_atomic(path, data, self.durable)
         if context.metadata:
             _write_atomic(_sidecar(path), encode_metadata(context.metadata).encode('utf-8'), self.durable)
@@ -202,7 +204,7 @@ class DiskMediaStore(AsyncClosing):
             uri = uri_for_digest(digest.hexdigest())
             path = self._path(uri, context)
             self._enter(path.parent, create=True)
-            if not _refresh(path):  # first put wins: a stored blob is never rewritten, only refreshed
+            if not _refresh(path, len(data)):  # first put wins: a whole stored blob is only refreshed
                 try:
                     os.replace(temp, path)
                 except OSError as error:
@@ -392,11 +394,18 @@ def _sidecar(blob: Path) -> Path:
     return blob.with_name(blob.name + SIDECAR_SUFFIX)
 
 
-def _refresh(blob: Path) -> bool:
-    """Mark a stored blob as put now (its mtime); `False` if there is none to mark. A link or another
-    kind of entry planted at its name is `UnsafeEntryError`: a put never writes through it, nor
-    takes it for the blob."""
-    if not check_file(blob, 'media blob'):
+def _refresh(blob: Path, size: int) -> bool:
+    """Mark a stored blob of `size` bytes as put now (its mtime); `False` if there is none to mark, or
+    the file there has another size: damaged (cut short, say), it is written again. A link or
+    another kind of entry planted at its name is `UnsafeEntryError`: a put never writes through
+    it, nor takes it for the blob."""
+    try:
+        info = os.lstat(blob)
+    except FileNotFoundError:
+        return False
+    check_entry(info, blob, 'media blob', directory=False)
+    if info.st_size != size:
+        logger.warning('media blob %s holds %d bytes, not the %d put: writing it again', blob, info.st_size, size)
         return False
     try:
         os.utime(blob, follow_symlinks=_UTIME_FOLLOWS_LINKS)
