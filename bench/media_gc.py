@@ -37,12 +37,16 @@ Store = DiskMediaStore | SqliteMediaStore
 def without_refresh(store: Store) -> Generator[None]:
     """The old repeat put: look the blob up, write nothing."""
     if isinstance(store, DiskMediaStore):
-        refresh = disk._refresh  # pyright: ignore[reportPrivateUsage]
-        disk._refresh = lambda blob, size: blob.is_file()  # pyright: ignore[reportPrivateUsage]
+        refresh = disk.refresh
+
+        def look_up(blob: Path, size: int) -> bool:
+            return blob.is_file()
+
+        disk.refresh = look_up
         try:
             yield
         finally:
-            disk._refresh = refresh  # pyright: ignore[reportPrivateUsage]
+            disk.refresh = refresh
         return
     store._refresh_sync = lambda conn, digest, now: store._exists_sync(conn, digest, sqlite_media.COLUMNS)  # pyright: ignore[reportPrivateUsage]
     try:
@@ -64,7 +68,7 @@ def step_us(store: Store, uri: str, calls: int, refresh: bool) -> float:
     if isinstance(store, DiskMediaStore):
         path = store._path(uri, MediaContext())  # pyright: ignore[reportPrivateUsage]
         size = path.stat().st_size
-        step: Callable[[], object] = (lambda: disk._refresh(path, size)) if refresh else path.is_file  # pyright: ignore[reportPrivateUsage]
+        step: Callable[[], object] = (lambda: disk.refresh(path, size)) if refresh else path.is_file
     else:
         conn = store._conn()  # pyright: ignore[reportPrivateUsage]
         digest = uri[-64:]

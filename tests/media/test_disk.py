@@ -205,7 +205,7 @@ async def test_large_put_failing_midway_leaves_nothing_behind(tmp_path: Path, mo
         written.append(path)
         raise OSError(errno.ENOSPC, 'No space left on device')
 
-    monkeypatch.setattr(disk, '_write_new_file', half_then_disk_full)
+    monkeypatch.setattr(disk, 'write_new_file', half_then_disk_full)
     store = large_store(tmp_path / 'm')
     with pytest.raises(OSError, match='No space left'):
         await store.put(_big(seed=2))
@@ -251,12 +251,13 @@ async def test_large_put_through_a_key_strategy_into_a_subdirectory(tmp_path: Pa
 async def test_durable_store_flushes_files_and_new_directory_entries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    from pydantic_ai_steps.media.stores import disk
+    from pydantic_ai_steps.media.stores import _disk_files, disk
 
     files: list[int] = []
     directories: list[Path] = []
     monkeypatch.setattr(disk.os, 'fsync', lambda fd: files.append(fd))
-    monkeypatch.setattr(disk, 'fsync_dir', lambda path: directories.append(path))
+    for module in (disk, _disk_files):
+        monkeypatch.setattr(module, 'fsync_dir', lambda path: directories.append(path))
     plain = DiskMediaStore(tmp_path / 'plain')
     await plain.put(_big(size, seed=1), context=MediaContext(metadata={'k': 'v'}))
     assert files == [] and directories == []

@@ -36,11 +36,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import io
 import logging
 import os
 import re
-import stat
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from datetime import datetime
@@ -50,7 +48,7 @@ import anyio.to_thread
 
 from ..._closing import AsyncClosing
 from ..._errors import check_bool
-from ..._files import UnsafeEntryError, check_directory, check_entry, fsync_dir, open_regular, store_path
+from ..._files import UnsafeEntryError, check_directory, fsync_dir, store_path
 from ...store.maintenance import BlobInfo
 from .._context import EMPTY_CONTEXT, MediaContext
 from .._errors import MediaIntegrityError
@@ -66,6 +64,7 @@ from .._protocol import (
     utc_from_timestamp,
 )
 from .._uri import parse_media_uri, uri_for_digest
+from ._disk_files import hash_file, is_regular, read_regular, refresh, sidecar, write_atomic, write_new_file
 from ._disk_keys import SIDECAR_SUFFIX, check_lengths, fits, safe_relative_key
 from ._sha256 import Sha256Thread
 
@@ -73,11 +72,9 @@ __all__ = ['DiskMediaStore']
 
 logger = logging.getLogger('pydantic_ai_steps.media')
 
-_FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _TEMP_NAME = re.compile(r'(?:put|gc)-[0-9a-f]{32}\.tmp')
 """Temporary files of puts, and blobs `delete` is about to remove (`gc-<32 hex>.tmp`): never listed."""
-_UTIME_FOLLOWS_LINKS = os.utime not in os.supports_follow_symlinks
 _LIST_BATCH = 512
 """`list_blobs` walks the directory on a worker thread and hands blobs over this many at a time."""
 
@@ -188,10 +185,10 @@ class DiskMediaStore(AsyncClosing):
             uri = uri_for_digest(hashlib.sha256(data).hexdigest())
             path = self._path(uri, context)
             self._enter(path.parent, create=True)
-            if not _refresh(path, len(data)):
-                _write_atomic(path, data, self.durable)
+            if not refresh(path, len(data)):
+                write_atomic(path, data, self.durable)
         if context.metadata:
-            _write_atomic(_sidecar(path), encode_metadata(context.metadata).encode('utf-8'), self.durable)
+            write_atomic(sidecar(path), encode_metadata(context.metadata).encode('utf-8'), self.durable)
         return uri
 
     def _put_large(self, data: bytes, context: MediaContext) -> tuple[str, Path]:
@@ -200,17 +197,17 @@ class DiskMediaStore(AsyncClosing):
         temp = self._root / f'put-{uuid.uuid4().hex}.tmp'
         try:
             self._enter(self._root, create=True)
-            _write_new_file(temp, data, self.durable)
+            write_new_file(temp, data, self.durable)
             uri = uri_for_digest(digest.hexdigest())
             path = self._path(uri, context)
             self._enter(path.parent, create=True)
-            if not _refresh(path, len(data)):  # first put wins: a whole stored blob is only refreshed
+            if not refresh(path, len(data)):  # first put wins: a whole stored blob is only refreshed
                 try:
                     os.replace(temp, path)
                 except OSError as error:
                     if error.errno != errno.EXDEV:
                         raise
-                    _write_atomic(path, data, self.durable)  # the key strategy put it on another file system
+                    write_atomic(path, data, self.durable)  # the key strategy put it on another file system
                 else:
                     if self.durable:
                         fsync_dir(path.parent)
@@ -223,7 +220,7 @@ class DiskMediaStore(AsyncClosing):
     def _read_blob(self, path: Path, uri: str) -> bytes:
         if not self._enter(path.parent, create=False):
             raise FileNotFoundError(f'media not found: {uri}')
-        data = _read_regular(path)
+        data = read_regular(path)
         if data is None:
             raise FileNotFoundError(f'media not found: {uri}')
         # On this worker thread, after the read: hashing pieces on a second thread while the
@@ -234,18 +231,18 @@ class DiskMediaStore(AsyncClosing):
         return data
 
     def _exists(self, path: Path) -> bool:
-        return self._enter(path.parent, create=False) and _is_regular(path)
+        return self._enter(path.parent, create=False) and is_regular(path)
 
     def _read_metadata(self, path: Path, uri: str) -> dict[str, str]:
         if not self._exists(path):
             raise FileNotFoundError(f'media not found: {uri}')
-        raw = _read_regular(_sidecar(path))
+        raw = read_regular(sidecar(path))
         if raw is None:
             return {}
         try:
             return decode_metadata(raw.decode('utf-8'))
         except ValueError as exc:
-            raise ValueError(f'unreadable metadata sidecar for {uri} at {_sidecar(path)}: {exc}') from exc
+            raise ValueError(f'unreadable metadata sidecar for {uri} at {sidecar(path)}: {exc}') from exc
 
     def _walk(self) -> Generator[BlobInfo]:
         """Depth first, never into a symbolic link or a folder `_enter` refuses (skipped with a
@@ -294,7 +291,7 @@ class DiskMediaStore(AsyncClosing):
                 return uri
         if named or self._key_strategy is default_key_strategy:
             return None  # the default key always holds the digest: a file without one is not a blob
-        digest = _hash_file(path)
+        digest = hash_file(path)
         if digest is None:
             return None
         uri = uri_for_digest(digest)
@@ -339,7 +336,7 @@ class DiskMediaStore(AsyncClosing):
             os.unlink(doomed)
         if not path.exists():  # unless it was put again meanwhile, with metadata of its own
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(_sidecar(path))
+                os.unlink(sidecar(path))
         return True
 
     # -- paths ------------------------------------------------------------------------------------
@@ -390,92 +387,5 @@ class DiskMediaStore(AsyncClosing):
                 fsync_dir(folder.parent)
 
 
-def _sidecar(blob: Path) -> Path:
-    return blob.with_name(blob.name + SIDECAR_SUFFIX)
-
-
-def _refresh(blob: Path, size: int) -> bool:
-    """Mark a stored blob of `size` bytes as put now (its mtime); `False` if there is none to mark, or
-    the file there has another size: damaged (cut short, say), it is written again. A link or
-    another kind of entry planted at its name is `UnsafeEntryError`: a put never writes through
-    it, nor takes it for the blob."""
-    try:
-        info = os.lstat(blob)
-    except FileNotFoundError:
-        return False
-    check_entry(info, blob, 'media blob', directory=False)
-    if info.st_size != size:
-        logger.warning('media blob %s holds %d bytes, not the %d put: writing it again', blob, info.st_size, size)
-        return False
-    try:
-        os.utime(blob, follow_symlinks=_UTIME_FOLLOWS_LINKS)
-    except FileNotFoundError:  # collected just now: the caller writes it again
-        return False
-    return True
-
-
 def _next_batch(blobs: Iterator[BlobInfo]) -> list[BlobInfo]:
     return [blob for _, blob in zip(range(_LIST_BATCH), blobs, strict=False)]
-
-
-def _hash_file(path: str) -> str | None:
-    """SHA-256 of a regular file's bytes; `None` if it turned into something else (a link) meanwhile."""
-    file = _open_regular(path)
-    if file is None:
-        return None
-    with file:
-        return hashlib.file_digest(file, 'sha256').hexdigest()
-
-
-def _read_regular(path: Path) -> bytes | None:
-    """The bytes of the regular file at `path`; `None` if there is none, or another kind of entry (a
-    link planted there, a folder, a FIFO) is there instead: a read never follows a link nor waits."""
-    file = _open_regular(path)
-    if file is None:
-        return None
-    with file:
-        return file.read()
-
-
-def _open_regular(path: str | Path) -> io.BufferedReader | None:
-    try:
-        fd, _ = open_regular(path, os.O_RDONLY, 'media blob')
-    except (FileNotFoundError, UnsafeEntryError):
-        return None
-    return open(fd, 'rb')
-
-
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
-def _write_atomic(target: Path, payload: bytes, durable: bool) -> None:
-    """Write `payload` to a fresh 0o600 temp file beside `target`, then rename it over `target`."""
-    temp = target.with_name(f'put-{uuid.uuid4().hex}.tmp')
-    try:
-        _write_new_file(temp, payload, durable)
-        os.replace(temp, target)
-        if durable:
-            fsync_dir(target.parent)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-
-
-def _write_new_file(path: Path, payload: bytes, durable: bool) -> None:
-    """Create `path` (it must not exist) readable by the owner only and write all of `payload` to it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_BINARY', 0), _FILE_MODE)
-    try:
-        if hasattr(os, 'fchmod'):
-            os.fchmod(fd, _FILE_MODE)  # exactly 0o600, whatever the process umask
-        view = memoryview(payload)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
