@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import base64
 import os
+import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from pydantic_ai_steps._files import fsync_dir
-from pydantic_ai_steps.media import DiskMediaStore, MediaContext, media_uri_for
-from pydantic_ai_steps.media.stores import disk
+from pydantic_ai_steps.media import DiskMediaStore, KeyStrategy, MediaContext, default_key_strategy, media_uri_for
+from pydantic_ai_steps.media.stores import _disk_files, disk
 from pydantic_ai_steps.store import CollectableMediaStore
 
 pytestmark = pytest.mark.anyio
@@ -304,3 +307,101 @@ async def test_listing_hands_blobs_over_in_batches(tmp_path: Path, monkeypatch: 
     uris = {await store.put(str(index).encode()) for index in range(50)}
     seen = [blob.uri async for blob in store.list_blobs()]
     assert sorted(seen) == sorted(uris)
+
+
+# -- what a process killed inside a put or a delete left -------------------------------------------
+
+
+def killed_deleting(blob: Path) -> Path:
+    """The file `delete(uri, stored_before=)` leaves when its process dies between its rename and its unlink."""
+    doomed = blob.with_name(f'gc-{uuid.uuid4().hex}.tmp')
+    os.rename(blob, doomed)
+    return doomed
+
+
+@pytest.fixture
+def an_hour_later(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Move the clock the tidying reads past `STALE_TEMP_SECONDS`: what was left now is old to it."""
+
+    def later() -> None:
+        offset = _disk_files.STALE_TEMP_SECONDS + 1
+        monkeypatch.setattr(_disk_files, 'time', SimpleNamespace(time=lambda: time.time() + offset))
+
+    return later
+
+
+@pytest.mark.parametrize('key_strategy', [default_key_strategy, fanned_out], ids=['flat', 'fanned-out'])
+async def test_a_blob_a_killed_delete_left_aside_is_put_back_after_an_hour(
+    tmp_path: Path, key_strategy: KeyStrategy, an_hour_later: Callable[[], None]
+) -> None:
+    """The blob may still be referenced (put again while the delete looked): it goes back, as put now."""
+    store = DiskMediaStore(tmp_path, key_strategy=key_strategy)
+    uri = await store.put(b'still referenced', context=MediaContext(metadata={'k': 'v'}))
+    key = str(key_strategy(uri, MediaContext()))
+    os.utime(tmp_path / key, (OLD, OLD))
+    doomed = killed_deleting(tmp_path / key)
+    assert await listed(store) == {}
+    assert doomed.exists()  # a running delete may hold it: its rename is recent, whatever its mtime
+    an_hour_later()
+    await listed(store)
+    assert files(tmp_path) == [key, key + disk.SIDECAR_SUFFIX]
+    assert await store.get(uri) == b'still referenced' and await store.get_metadata(uri) == {'k': 'v'}
+    assert await listed(store) == {uri: 16}
+    assert await store.delete(uri, stored_before=datetime.now(UTC) - timedelta(minutes=5)) is False
+
+
+@pytest.mark.parametrize('copy', ['whole', 'cut-short'])
+async def test_a_killed_deletes_leftover_beside_a_blob_put_again_goes(
+    tmp_path: Path, copy: str, an_hour_later: Callable[[], None]
+) -> None:
+    store = DiskMediaStore(tmp_path)
+    uri = await store.put(b'put again')
+    blob = tmp_path / f'{digest(uri)}.bin'
+    killed_deleting(blob)
+    await store.put(b'put again')
+    if copy == 'cut-short':
+        blob.write_bytes(b'put')
+    an_hour_later()
+    await listed(store)
+    assert files(tmp_path) == [blob.name]
+    assert await store.get(uri) == b'put again'
+
+
+async def test_a_damaged_leftover_goes_under_the_name_of_its_bytes_to_be_collected(
+    tmp_path: Path, an_hour_later: Callable[[], None]
+) -> None:
+    store = DiskMediaStore(tmp_path)
+    uri = await store.put(b'bit rot')
+    doomed = killed_deleting(tmp_path / f'{digest(uri)}.bin')
+    doomed.write_bytes(b'bit rut')
+    an_hour_later()
+    await listed(store)
+    assert await listed(store) == {media_uri_for(b'bit rut'): 7}  # referenced by nothing: the next collection's
+
+
+async def test_a_leftover_whose_blob_the_key_strategy_keeps_elsewhere_stays_with_a_warning(
+    tmp_path: Path, an_hour_later: Callable[[], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = await DiskMediaStore(tmp_path).put(b'moved on')
+    doomed = killed_deleting(tmp_path / f'{digest(uri)}.bin')
+    store = DiskMediaStore(tmp_path, key_strategy=fanned_out)  # another layout since
+    an_hour_later()
+    assert await listed(store) == {}
+    assert files(tmp_path) == [doomed.name]
+    assert f'leaving {doomed}, left by a deletion cut short: its blob does not belong in that folder' in caplog.text
+
+
+async def test_a_put_killed_before_its_rename_leaves_a_file_removed_after_an_hour(
+    tmp_path: Path, an_hour_later: Callable[[], None]
+) -> None:
+    store = DiskMediaStore(tmp_path, key_strategy=fanned_out)
+    uri = await store.put(b'kept')
+    leftovers = [tmp_path / f'put-{"a" * 32}.tmp', tmp_path / digest(uri)[:2] / f'put-{"b" * 32}.tmp']
+    for leftover in leftovers:  # a large put's in the root, a small one's beside its blob
+        leftover.write_bytes(b'half a p')
+        os.utime(leftover, (OLD, OLD))
+    assert await listed(store) == {uri: 4}
+    assert all(leftover.exists() for leftover in leftovers)  # a running put may be writing them
+    an_hour_later()
+    assert await listed(store) == {uri: 4}
+    assert files(tmp_path) == [fanned_out(uri, MediaContext())]

@@ -9,9 +9,12 @@ import os
 import shutil
 import sqlite3
 import stat
+import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pydantic_ai import Agent
@@ -20,6 +23,7 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, Tool
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps._errors import shortened
 from pydantic_ai_steps.media import DiskMediaStore, SqliteMediaStore
+from pydantic_ai_steps.media.stores import _disk_files
 from pydantic_ai_steps.step_persistence import (
     FileStepStore,
     InMemoryStepStore,
@@ -469,6 +473,25 @@ async def test_a_collection_that_fails_partway_leaves_no_writer_trusting_what_it
     await store.save_snapshot(snap('new', with_images()))
     loaded = await store.latest_snapshot(run_id='new')
     assert loaded is not None and dump(loaded.messages) == dump(with_images())
+
+
+async def test_a_referenced_image_a_killed_collection_left_aside_is_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collection killed between renaming a blob aside and deciding about it left the only copy
+    under a temporary name: a collection an hour later puts it back, and the snapshot reads."""
+    store = FileStepStore(tmp_path)
+    image = [ModelRequest(parts=[UserPromptPart(['look', BinaryContent(b'\x89PNG' * 20_000, media_type='image/png')])])]
+    await store.register_run(RunRecord(run_id='r'))
+    await store.save_snapshot(snap('r', image))
+    (blob,) = (tmp_path / 'media').glob('*.bin')
+    os.rename(blob, blob.with_name(f'gc-{uuid.uuid4().hex}.tmp'))
+    later = time.time() + _disk_files.STALE_TEMP_SECONDS + 1
+    monkeypatch.setattr(_disk_files, 'time', SimpleNamespace(time=lambda: later))
+    assert (await store.collect_garbage(grace=timedelta(0), writers_stopped=True)).blobs == []
+    loaded = await FileStepStore(tmp_path).latest_snapshot(run_id='r')
+    assert loaded is not None and dump(loaded.messages) == dump(image)
+    assert [path.name for path in (tmp_path / 'media').iterdir()] == [blob.name]
 
 
 async def test_garbage_collection_started_before_the_first_writer_keeps_what_it_references(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""File-level I/O of `DiskMediaStore`: reading, writing and refreshing one file, never through a link."""
+"""File-level I/O of `DiskMediaStore`: reading, writing and refreshing one file, never through a link,
+and tidying the temporary files a killed process left."""
 
 from __future__ import annotations
 
@@ -7,17 +8,31 @@ import hashlib
 import io
 import logging
 import os
+import re
 import stat
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from ..._files import UnsafeEntryError, check_entry, fsync_dir, open_regular
+from .._uri import uri_for_digest
 from ._disk_keys import SIDECAR_SUFFIX
 
 logger = logging.getLogger('pydantic_ai_steps.media')
 
 FILE_MODE = 0o600
 _UTIME_FOLLOWS_LINKS = os.utime not in os.supports_follow_symlinks
+TEMP_NAME = re.compile(r'(?:put|gc)-[0-9a-f]{32}\.tmp')
+"""Temporary files of puts, and blobs `delete` is about to remove (`gc-<32 hex>.tmp`): never listed."""
+STALE_TEMP_SECONDS = 3600
+"""A temporary file unchanged this long was left by a killed process: a put or a delete holds one
+only for a write and a rename."""
+
+
+def temp_name(kind: str) -> str:
+    """A fresh name matching `TEMP_NAME`: `kind` is `put` or `gc`."""
+    return f'{kind}-{uuid.uuid4().hex}.tmp'
 
 
 def sidecar(blob: Path) -> Path:
@@ -80,7 +95,7 @@ def is_regular(path: Path) -> bool:
 
 def write_atomic(target: Path, payload: bytes, durable: bool) -> None:
     """Write `payload` to a fresh 0o600 temp file beside `target`, then rename it over `target`."""
-    temp = target.with_name(f'put-{uuid.uuid4().hex}.tmp')
+    temp = target.with_name(temp_name('put'))
     try:
         write_new_file(temp, payload, durable)
         os.replace(temp, target)
@@ -105,3 +120,53 @@ def write_new_file(path: Path, payload: bytes, durable: bool) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def tidy_leftover(path: str, info: os.stat_result, blob_for: Callable[[str], Path], durable: bool) -> None:
+    """Finish with a temporary file (`info` its `lstat`) once it is `STALE_TEMP_SECONDS` old.
+
+    Its age is from its status-change time, which the rename into a `gc-` name sets (the mtime is
+    the blob's last put). A put's file is removed: the put never returned its URI. A delete's
+    holds a blob that may still be referenced (a writer may have put it again while the delete
+    looked at it), so it goes back to `blob_for(uri)` (its bytes give the URI), marked as put now:
+    a put racing this may have written the blob just before, and its caller trusts it. If a whole
+    copy is there already, the leftover is removed instead. Damaged bytes go back under the name
+    they hash to, a blob nothing references, for a later collection. One whose blob the key
+    strategy keeps in another folder (it changed since) is left, with a warning.
+    """
+    if time.time() - max(info.st_mtime, info.st_ctime) < STALE_TEMP_SECONDS:
+        return  # a put or delete may be using it right now
+    try:
+        if os.path.basename(path).startswith('put-'):
+            os.unlink(path)
+            return
+        blob = _blob_held(path, blob_for)
+        if blob is None:
+            if os.path.lexists(path):
+                logger.warning(
+                    'leaving %s, left by a deletion cut short: its blob does not belong in that folder', path
+                )
+            return
+        if refresh(blob, info.st_size):
+            os.unlink(path)
+            return
+        os.replace(path, blob)
+        os.utime(blob, follow_symlinks=_UTIME_FOLLOWS_LINKS)
+        if durable:
+            fsync_dir(blob.parent)
+    except FileNotFoundError:  # tidied by another process meanwhile
+        return
+    except OSError as error:
+        logger.warning('leaving %s, which a put or deletion cut short left: %s', path, error)
+
+
+def _blob_held(path: str, blob_for: Callable[[str], Path]) -> Path | None:
+    """Where the blob whose bytes the file at `path` holds is kept, if beside the file."""
+    digest = hash_file(path)
+    if digest is None:
+        return None
+    try:
+        blob = blob_for(uri_for_digest(digest))
+    except ValueError:  # a key the store refuses: no blob is kept under it
+        return None
+    return blob if os.path.dirname(os.path.abspath(blob)) == os.path.dirname(path) else None

@@ -29,6 +29,11 @@ first renames the blob to a temporary name in its directory, so no put can refre
 longer, then reads its modification time: at or after `t` it is renamed back, otherwise the
 file and its sidecar are removed. A put racing the deletion either refreshed the blob before the
 rename (it is kept) or finds it gone and writes it again.
+
+A process killed inside a put or a delete leaves its temporary file. `list_blobs` tidies one an
+hour after its last change (`_disk_files.tidy_leftover`), never sooner, since a running put or
+delete may hold it: a put's is removed, a delete's is put back under its blob's name (it may hold
+a blob a writer put again meanwhile, still referenced), or removed if a whole copy is there.
 """
 
 from __future__ import annotations
@@ -38,8 +43,6 @@ import errno
 import hashlib
 import logging
 import os
-import re
-import uuid
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -64,7 +67,18 @@ from .._protocol import (
     utc_from_timestamp,
 )
 from .._uri import parse_media_uri, uri_for_digest
-from ._disk_files import hash_file, is_regular, read_regular, refresh, sidecar, write_atomic, write_new_file
+from ._disk_files import (
+    TEMP_NAME,
+    hash_file,
+    is_regular,
+    read_regular,
+    refresh,
+    sidecar,
+    temp_name,
+    tidy_leftover,
+    write_atomic,
+    write_new_file,
+)
 from ._disk_keys import SIDECAR_SUFFIX, check_lengths, fits, safe_relative_key
 from ._sha256 import Sha256Thread
 
@@ -73,8 +87,6 @@ __all__ = ['DiskMediaStore']
 logger = logging.getLogger('pydantic_ai_steps.media')
 
 _DIR_MODE = 0o700
-_TEMP_NAME = re.compile(r'(?:put|gc)-[0-9a-f]{32}\.tmp')
-"""Temporary files of puts, and blobs `delete` is about to remove (`gc-<32 hex>.tmp`): never listed."""
 _LIST_BATCH = 512
 """`list_blobs` walks the directory on a worker thread and hands blobs over this many at a time."""
 
@@ -102,13 +114,14 @@ class DiskMediaStore(AsyncClosing):
     as: every call refuses one that is a link or another user's with a `PermissionError` (the
     directories above it may be links). `list_blobs()` and `delete()` serve media garbage
     collection. The listing walks the directory without following symbolic links, skips a folder
-    the calls would refuse (with a warning), and skips sidecars and temporary files. A file's URI comes
-    from a 64-hex digest in its path relative to `directory` (the default key is `<sha256>.bin`);
-    a file whose path holds none, with a key strategy other than the default, is hashed to find
-    it. Either way a file is listed only if the key strategy, given that URI and an empty
-    `MediaContext`, names exactly that file, because `delete(uri)` finds the file the same way:
-    garbage collection with a key strategy that depends on the context is not supported (such
-    blobs are not listed, so never collected). Other files in the directory are left alone.
+    the calls would refuse (with a warning), and skips sidecars and temporary files (tidying those
+    a killed process left: see the module notes). A file's URI comes from a 64-hex digest in its
+    path relative to `directory` (the default key is `<sha256>.bin`); a file whose path holds
+    none, with a key strategy other than the default, is hashed to find it. Either way a file is
+    listed only if the key strategy, given that URI and an empty `MediaContext`, names exactly
+    that file, because `delete(uri)` finds the file the same way: garbage collection with a key
+    strategy that depends on the context is not supported (such blobs are not listed, so never
+    collected). Other files in the directory are left alone.
     """
 
     concurrent_put_bytes: int = 1 << 20
@@ -157,7 +170,10 @@ class DiskMediaStore(AsyncClosing):
         return await anyio.to_thread.run_sync(self._read_metadata, path, uri)
 
     async def list_blobs(self) -> AsyncIterator[BlobInfo]:
-        """Every blob under the directory, with its size and when it was last put (its mtime, UTC)."""
+        """Every blob under the directory, with its size and when it was last put (its mtime, UTC).
+
+        The walk also tidies the temporary files killed puts and deletes left (see the module notes).
+        """
         walk = self._walk()
         try:
             while batch := await anyio.to_thread.run_sync(_next_batch, walk):
@@ -194,7 +210,7 @@ class DiskMediaStore(AsyncClosing):
     def _put_large(self, data: bytes, context: MediaContext) -> tuple[str, Path]:
         """Write `data` to a temp file in the root while a helper thread hashes it, then move it into place."""
         digest = Sha256Thread(data)
-        temp = self._root / f'put-{uuid.uuid4().hex}.tmp'
+        temp = self._root / temp_name('put')
         try:
             self._enter(self._root, create=True)
             write_new_file(temp, data, self.durable)
@@ -266,13 +282,12 @@ class DiskMediaStore(AsyncClosing):
                         if entry.is_dir(follow_symlinks=False):
                             pending.append((entry.path, f'{relative}{entry.name}/'))
                             continue
-                        if (
-                            not entry.is_file(follow_symlinks=False)
-                            or entry.name.endswith(SIDECAR_SUFFIX)
-                            or _TEMP_NAME.fullmatch(entry.name)
-                        ):
+                        if not entry.is_file(follow_symlinks=False) or entry.name.endswith(SIDECAR_SUFFIX):
                             continue
                         info = entry.stat(follow_symlinks=False)
+                        if TEMP_NAME.fullmatch(entry.name):
+                            tidy_leftover(entry.path, info, lambda uri: self._path(uri, EMPTY_CONTEXT), self.durable)
+                            continue
                         uri = self._uri_of(entry.path, relative + entry.name)
                     except FileNotFoundError:
                         continue
@@ -317,7 +332,7 @@ class DiskMediaStore(AsyncClosing):
         else:
             # Renamed first, so that no put can refresh the blob between the check and the unlink:
             # a put from now on finds no blob and writes it again.
-            doomed = path.with_name(f'gc-{uuid.uuid4().hex}.tmp')
+            doomed = path.with_name(temp_name('gc'))
             try:
                 os.rename(path, doomed)
             except FileNotFoundError:
