@@ -93,7 +93,7 @@ class InvalidRunIdError(StepsError, ValueError):
     """A run id no store can hold."""
 
     def __init__(self, run_id: object, allowed: str) -> None:
-        super().__init__(f'invalid run_id {run_id!r}: {allowed}')
+        super().__init__(f'invalid run_id {shortened(run_id)}: {allowed}')
         self.run_id = run_id
 
 
@@ -171,7 +171,7 @@ def is_file_safe(run_id: str) -> bool:
 
 def check_optional_str(value: object, what: str) -> str | None:
     if value is not None and not isinstance(value, str):
-        raise InvalidRecordError(f'{what} must be a string or None, got {type(value).__name__} {value!r}')
+        raise InvalidRecordError(f'{what} must be a string or None, got {type(value).__name__} {shortened(value)}')
     return value
 
 
@@ -204,12 +204,12 @@ def check_str_map(value: object, what: str) -> dict[str, str]:
     for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
         if not isinstance(key, str) or not isinstance(item, str):
             raise InvalidRecordError(
-                f'{what} must map strings to strings, got {key!r}: {item!r} ({type(item).__name__}); '  # pyright: ignore[reportUnknownArgumentType]
+                f'{what} must map strings to strings, got {shortened(key)}: {shortened(item)} ({type(item).__name__}); '  # pyright: ignore[reportUnknownArgumentType]
                 'convert values with str() first'
             )
         if not (key.isascii() and item.isascii()):
-            check_encodable(key, f'{what} key {key!r}')
-            check_encodable(item, f'{what}[{key!r}]')
+            check_encodable(key, f'{what} key {shortened(key)}')
+            check_encodable(item, f'{what}[{shortened(key)}]')
     return dict(value)  # pyright: ignore[reportUnknownArgumentType]
 
 
@@ -222,10 +222,10 @@ def check_json_map(value: object, what: str) -> dict[str, Any]:
     checked: dict[str, Any] = {}
     for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
         if not isinstance(key, str):
-            raise InvalidRecordError(f'{what} keys must be strings, got {key!r}')
+            raise InvalidRecordError(f'{what} keys must be strings, got {shortened(key)}')  # pyright: ignore[reportUnknownArgumentType]
         if not key.isascii():
-            check_encodable(key, f'{what} key {key!r}')
-        _check_json(item, f'{what}[{key!r}]')  # pyright: ignore[reportUnknownArgumentType]
+            check_encodable(key, f'{what} key {shortened(key)}')
+        _check_json(item, f'{what}[{shortened(key)}]')  # pyright: ignore[reportUnknownArgumentType]
         checked[key] = item
     return checked
 
@@ -251,7 +251,7 @@ def _check_json(value: object, where: str, depth: int = 0) -> None:
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidRecordError(f'{where} must be a finite number, got {value!r}')
+            raise InvalidRecordError(f'{where} must be a finite number, got {shortened(value)}')
         return
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
@@ -260,10 +260,10 @@ def _check_json(value: object, where: str, depth: int = 0) -> None:
     if isinstance(value, Mapping):
         for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
             if not isinstance(key, str):
-                raise InvalidRecordError(f'{where} keys must be strings, got {key!r}')
+                raise InvalidRecordError(f'{where} keys must be strings, got {shortened(key)}')  # pyright: ignore[reportUnknownArgumentType]
             if not key.isascii():
-                check_encodable(key, f'{where} key {key!r}')
-            _check_json(item, f'{where}[{key!r}]', depth + 1)  # pyright: ignore[reportUnknownArgumentType]
+                check_encodable(key, f'{where} key {shortened(key)}')
+            _check_json(item, f'{where}[{shortened(key)}]', depth + 1)  # pyright: ignore[reportUnknownArgumentType]
         return
     raise InvalidRecordError(
         f'{where} must be a JSON value (str, int, float, bool, None, list, dict), got {type(value).__name__}'
@@ -275,21 +275,21 @@ def check_max_snapshots(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f'max_snapshots_per_run must be an int >= 1 or None, got {value!r}')
+        raise ValueError(f'max_snapshots_per_run must be an int >= 1 or None, got {shortened(value)}')
     if value < 1:
-        raise ValueError(f'max_snapshots_per_run must be >= 1 or None, got {value!r}')
+        raise ValueError(f'max_snapshots_per_run must be >= 1 or None, got {shortened(value)}')
     return value
 
 
 def check_threshold(value: object) -> int:
     """Validate `media_threshold_bytes`: an int >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'media_threshold_bytes must be an int >= 1, got {value!r}')
+        raise ValueError(f'media_threshold_bytes must be an int >= 1, got {shortened(value)}')
     return value
 
 
 def check_bool(value: object, name: str) -> bool:
     """A flag given as a real `bool` (so `durable='no'` is not silently true)."""
     if not isinstance(value, bool):
-        raise ValueError(f'{name} must be True or False, got {value!r}')
+        raise ValueError(f'{name} must be True or False, got {shortened(value)}')
     return value

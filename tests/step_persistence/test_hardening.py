@@ -628,6 +628,28 @@ def test_a_quoted_value_is_shortened_whatever_its_type() -> None:
     assert listed.startswith("['yyy") and listed.endswith("yyy'] (list of 1004 characters)") and len(listed) < 200
 
 
+async def test_a_refused_write_quotes_a_huge_bad_value_shortened() -> None:
+    """The refusal of bad input names the field and shows the value, not all of it: a 100 KB value
+    is not echoed whole into a log or a traceback."""
+    store = InMemoryStepStore()
+    huge = 'x' * 100_000
+    await store.register_run(RunRecord(run_id='r'))
+    refusals: list[str] = []
+    for write in (
+        lambda: store.register_run(RunRecord(run_id='s', conversation_id=huge.encode())),  # pyright: ignore[reportArgumentType]
+        lambda: store.register_run(RunRecord(run_id='t', metadata={'k': [huge]})),  # pyright: ignore[reportArgumentType]
+        lambda: store.register_run(RunRecord(run_id=huge)),
+        lambda: store.append_event(StepEvent(run_id='r', kind=huge, step_index=0)),  # pyright: ignore[reportArgumentType]
+        lambda: store.append_event(StepEvent(run_id='r', kind='run_started', step_index=huge)),  # pyright: ignore[reportArgumentType]
+        lambda: store.list_runs(started_after=huge),  # pyright: ignore[reportArgumentType]
+    ):
+        with pytest.raises(ValueError) as refused:
+            await write()
+        refusals.append(str(refused.value))
+    assert all(len(message) < 1000 for message in refusals), [message[:1000] for message in refusals]
+    assert await store.list_runs() == [await store.get_run(run_id='r')]
+
+
 @pytest.mark.parametrize('kind', ['memory', 'file', 'sqlite'])
 async def test_a_message_pydantic_ai_could_not_read_back_is_refused_not_stored(tmp_path: Path, kind: str) -> None:
     """pydantic serializes what its JSON reader then refuses (past 200 levels of nesting, an integer

@@ -23,6 +23,7 @@ from .._errors import (
     check_optional_text,
     check_run_id,
     check_str_map,
+    shortened,
 )
 from .._records import (
     EFFECT_RESOLUTIONS,
@@ -53,12 +54,12 @@ def _note_run(run_id: str, run_ids: set[str]) -> None:
 
 def _require_text(value: object, what: str) -> None:
     if not isinstance(value, str):
-        raise InvalidRecordError(f'{what} must be a string, got {type(value).__name__} {value!r}')
+        raise InvalidRecordError(f'{what} must be a string, got {type(value).__name__} {shortened(value)}')
 
 
 def _require_int(value: object, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRecordError(f'{what} must be an int, got {value!r}')
+        raise InvalidRecordError(f'{what} must be an int, got {shortened(value)}')
 
 
 def _require_list(value: object, what: str) -> None:
@@ -68,7 +69,7 @@ def _require_list(value: object, what: str) -> None:
 
 def _check_time(value: object, what: str) -> None:
     if not isinstance(value, datetime):
-        raise InvalidRecordError(f'{what} must be a datetime, got {value!r}')
+        raise InvalidRecordError(f'{what} must be a datetime, got {shortened(value)}')
 
 
 def _require_optional_time(value: object, what: str) -> None:
@@ -116,7 +117,7 @@ class _Fields:
 
 def _check_choice(value: object, allowed: Collection[str], field: str) -> None:
     if value not in allowed:
-        raise InvalidRecordError(f'{field} must be one of {sorted(allowed)}, got {value!r}')
+        raise InvalidRecordError(f'{field} must be one of {sorted(allowed)}, got {shortened(value)}')
 
 
 def checked_run(record: RunRecord) -> RunRecord:
@@ -184,16 +185,18 @@ def checked_delta(delta: SnapshotDelta) -> None:
     for name in ('step_index', 'message_count'):
         value = getattr(delta, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidRecordError(f'SnapshotDelta.{name} must be an int >= 0, got {value!r}')
+            raise InvalidRecordError(f'SnapshotDelta.{name} must be an int >= 0, got {shortened(value)}')
     expected: object = delta.expected_log_size
     if expected is not None and (isinstance(expected, bool) or not isinstance(expected, int) or expected < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise InvalidRecordError(f'SnapshotDelta.expected_log_size must be an int >= 0 or None, got {expected!r}')
+        raise InvalidRecordError(
+            f'SnapshotDelta.expected_log_size must be an int >= 0 or None, got {shortened(expected)}'
+        )
     for append in delta.appends:
         position, text = append
         if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < delta.message_count:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise InvalidRecordError(
                 f'SnapshotDelta.appends positions must be ints in [0, message_count={delta.message_count}), '
-                f'got {position!r}'
+                f'got {shortened(position)}'
             )
         if not isinstance(text, str) or not text.startswith('{'):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise InvalidRecordError(f'SnapshotDelta.appends texts must be JSON object texts, got {str(text)[:80]!r}')
@@ -215,10 +218,10 @@ def checked_query(query: RunQuery) -> RunQuery:
     for name in ('started_after', 'started_before', 'ended_before'):
         value = getattr(query, name)
         if value is not None and not isinstance(value, datetime):
-            raise ValueError(f'{name} must be a datetime, got {value!r}')
+            raise ValueError(f'{name} must be a datetime, got {shortened(value)}')
     limit: object = query.limit
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise ValueError(f'limit must be an int >= 0 or None, got {query.limit!r}')
+        raise ValueError(f'limit must be an int >= 0 or None, got {shortened(query.limit)}')
     if limit is not None and limit > MAX_COUNT:
         query = replace(query, limit=None)
     if query.metadata is not None:
@@ -226,6 +229,7 @@ def checked_query(query: RunQuery) -> RunQuery:
     for key, value in (query.run_metadata or {}).items():
         if not isinstance(key, str) or not (value is None or isinstance(value, str | int | float | bool)):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(
-                f'run_metadata filters compare JSON scalars (str, int, float, bool, None), got {key!r}: {value!r}'
+                'run_metadata filters compare JSON scalars (str, int, float, bool, None), '
+                f'got {shortened(key)}: {shortened(value)}'
             )
     return query
