@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from .message_log import MessageLog
 
 logger = logging.getLogger('pydantic_ai_steps')
+_REREADS = 3
+"""How often `latest_snapshot` reads the newest snapshot again after one was removed as it was read:
+removals come with new snapshots, and compaction only once a run has closed, so the next read holds."""
 
 
 class Reads:
@@ -124,8 +127,13 @@ class Reads:
     # --- snapshots --------------------------------------------------------------------------
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
-        """The newest snapshot that reads (`complete` only unless asked), falling back past damaged ones."""
+        """The newest snapshot that reads (`complete` only unless asked), falling back past damaged ones.
+
+        One removed while its history was read (retention, then compaction when the run closed,
+        may have taken log entries it needed) is not returned: the newest is read again.
+        """
         below: int | None = None
+        rereads = 0
         while True:
             rows = await self._backend.fetch_snapshots(
                 run_id, include_interrupted=include_interrupted, below_seq=below, limit=1
@@ -134,6 +142,10 @@ class Reads:
                 return None
             row = rows[0]
             loaded = await self._load_snapshot(run_id, row, None)
+            if loaded is not None and rereads < _REREADS and not await self._still_stored(run_id, row):
+                rereads += 1
+                below = None
+                continue
             if loaded is not None:
                 return loaded
             below = row.seq
@@ -149,7 +161,20 @@ class Reads:
             loaded = await self._load_snapshot(run_id, row, log)
             if loaded is not None:
                 snapshots.append(loaded)
+        if log is not None:  # one removed while the log was read may have lost entries to compaction
+            again = await self._backend.fetch_snapshots(run_id, include_interrupted=include_interrupted)
+            stored = {row.seq for row in again}
+            from_log = {row.seq for row in rows if row.texts is None}
+            snapshots = [item for item in snapshots if item.seq in stored or item.seq not in from_log]
         return snapshots
+
+    async def _still_stored(self, run_id: str, row: SnapshotRow) -> bool:
+        """Whether a snapshot read from the message log is still stored: once it is removed, compaction
+        may remove entries it needed, and a read of the log after that rebuilds it from older versions."""
+        if row.texts is not None:
+            return True  # an older layout's history is its own, not the log's
+        newest = await self._backend.fetch_snapshots(run_id, include_interrupted=True, below_seq=row.seq + 1, limit=1)
+        return bool(newest) and newest[0].seq == row.seq
 
     async def _load_snapshot(self, run_id: str, found: SnapshotRow, log: LogSlice | None) -> ContinuableSnapshot | None:
         """The snapshot `found` names, or `None` (with a one-line warning) if any part of it is unreadable."""

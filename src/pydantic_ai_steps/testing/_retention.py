@@ -7,14 +7,15 @@ from datetime import UTC, datetime, timedelta
 import anyio
 import anyio.lowlevel
 import pytest
-from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, UserPromptPart
+from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ModelResponse, ToolCallPart, UserPromptPart
 
 from .._errors import RunNotFoundError
 from .._records import StepEvent, ToolEffectRecord, utc_now
+from ..store.backend import LogSlice
 from ..store.maintenance import EARLIEST, CollectableMediaStore
 from ..store.protocol import ManagedStepStore, StepStore
 from ..store.record_checks import MAX_COUNT
-from ._kernel import managed
+from ._kernel import kernel_store, managed
 from ._support import T0, StoreFactory, dump, new_run, new_run_id, snapshot, tool_cycle
 
 
@@ -39,6 +40,14 @@ async def _gone(store: ManagedStepStore, run_id: str) -> bool:
 
 def _image(seed: int) -> BinaryContent:
     return BinaryContent(bytes([seed]) * (70 * 1024), media_type='image/png')
+
+
+def _rewritten(summary: str, call_id: str) -> list[ModelMessage]:
+    """A history whose earlier turns were replaced by a summary, ending on an unanswered call."""
+    return [
+        ModelRequest(parts=[UserPromptPart(summary, timestamp=T0)], timestamp=T0),
+        ModelResponse(parts=[ToolCallPart('lookup', {'q': summary}, tool_call_id=call_id)], timestamp=T0),
+    ]
 
 
 class RetentionConformance:
@@ -172,6 +181,43 @@ class RetentionConformance:
                 await anyio.lowlevel.checkpoint()
                 await runs.delete_run(run_id)
             assert await _gone(runs, run_id), 'a deleted run must read as nothing at all'
+
+    @pytest.mark.anyio
+    async def test_a_snapshot_removed_while_its_history_is_read_never_reads_as_older_versions(
+        self, make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The run closes between a reader's read of a snapshot and of the message log: retention
+        removes that snapshot and compaction the entries only it needed, while older versions of
+        its positions stay for the snapshots kept. Those must not come back as its history."""
+        kernel = kernel_store(make_store(max_snapshots_per_run=1))
+        backend = kernel.backend
+        fetch_log = backend.fetch_log
+        final = _rewritten('a shorter summary', 'c3')
+        for read in ('latest', 'list'):
+            run_id = await new_run(kernel)
+            written = {1: tool_cycle('c1', 'the question'), 2: _rewritten('a summary', 'c2'), 3: final}
+            await kernel.save_snapshot(snapshot(run_id, list(written[1]), step_index=1))
+            await kernel.save_snapshot(snapshot(run_id, list(written[2]), step_index=2, state='interrupted'))
+
+            async def closing_first(
+                run: str, *, below_index: int, positions_below: int, run_id: str = run_id
+            ) -> LogSlice:
+                monkeypatch.setattr(backend, 'fetch_log', fetch_log)
+                await kernel.write_records(
+                    snapshot=snapshot(run_id, list(final), step_index=3, state='interrupted'),
+                    events=[StepEvent(run_id=run_id, kind='run_failed', step_index=3)],
+                )
+                return await fetch_log(run, below_index=below_index, positions_below=positions_below)
+
+            monkeypatch.setattr(backend, 'fetch_log', closing_first)
+            if read == 'latest':
+                latest = await kernel.latest_snapshot(run_id=run_id, include_interrupted=True)
+                found = [latest] if latest is not None else []
+            else:
+                found = await kernel.list_snapshots(run_id=run_id, include_interrupted=True)
+            assert found, read
+            for item in found:
+                assert dump(item.messages) == dump(written[item.step_index]), (read, item.step_index)
 
     @pytest.mark.anyio
     async def test_garbage_collection_removes_only_unreferenced_old_blobs(self, make_store: StoreFactory) -> None:
