@@ -64,7 +64,7 @@ async def test_a_repeat_put_only_refreshes_stored_at(tmp_path: Path, chunk_bytes
     store.close()
 
 
-async def test_an_older_table_reads_as_put_in_1970_and_gets_stored_at_at_the_first_put(tmp_path: Path) -> None:
+async def test_an_older_table_lists_as_just_put_and_gets_stored_at_at_the_first_put(tmp_path: Path) -> None:
     path = tmp_path / 'old.db'
     with sqlite3.connect(path) as old:
         old.execute(
@@ -77,15 +77,54 @@ async def test_an_older_table_reads_as_put_in_1970_and_gets_stored_at_at_the_fir
             )
     old.close()
     store = SqliteMediaStore(database=path)
-    assert await listed(store) == {media_uri_for(b'old one'): (7, EPOCH), media_uri_for(b'old two'): (7, EPOCH)}
+    before = datetime.now(UTC)
+    blobs = await listed(store)
+    assert sorted(blobs) == sorted([media_uri_for(b'old one'), media_uri_for(b'old two')])
+    assert all(size == 7 and put_at >= before for size, put_at in blobs.values())  # undated: never collectable yet
+    await store.date_undated_blobs()  # a table without the column stays as it is
     assert 'stored_at' not in {row[1] for row in query(path, 'PRAGMA table_info(media)')}  # reads never migrate
     await store.put(b'old two')  # put again: no longer old
     assert 'stored_at' in {row[1] for row in query(path, 'PRAGMA table_info(media)')}
+    assert stored_at(path, media_uri_for(b'old one')) is None
     assert await store.delete(media_uri_for(b'old one'), stored_before=datetime.now(UTC) - timedelta(days=1))
     assert not await store.delete(media_uri_for(b'old two'), stored_before=datetime.now(UTC) - timedelta(days=1))
     assert await store.get(media_uri_for(b'old two')) == b'old two'
     assert await store.exists(media_uri_for(b'old one')) is False
     store.close()
+
+
+async def test_a_blob_put_without_a_put_time_is_collected_one_grace_period_after_it_was_dated(
+    tmp_path: Path,
+) -> None:
+    """The upstream package puts blobs without `stored_at`, even in a widened table, then references
+    them in its next write: a collection running in between must keep such a blob (as PostgreSQL's
+    column default and MongoDB's dating do), and date it so that a later one can take it."""
+    from pydantic_ai_steps.step_persistence import SqliteStepStore
+
+    path = tmp_path / 'shared.db'
+    store = SqliteStepStore(database=path)
+    assert store.media_store is not None
+    await store.media_store.put(b'this package put it')  # the table, widened
+    upstream = b'put by an upstream writer' * 100
+    query(
+        path,
+        'INSERT OR IGNORE INTO media (sha256, media_type, bytes, size_bytes, metadata) VALUES (?, ?, ?, ?, ?)',
+        media_uri_for(upstream)[-64:],
+        'image/png',
+        upstream,
+        len(upstream),
+        '{}',
+    )
+    planned = await store.collect_garbage(grace=timedelta(0), writers_stopped=True, dry_run=True)
+    assert planned.blobs == [media_uri_for(b'this package put it')]  # listed as just put, and left undated
+    assert stored_at(path, media_uri_for(upstream)) is None
+    assert (await store.collect_garbage()).blobs == []  # the default grace: its writer may reference it next
+    assert isinstance(stored_at(path, media_uri_for(upstream)), float)  # dated by that collection
+    query(path, 'UPDATE media SET stored_at = ?', time.time() - 7200)  # two hours later, still unreferenced
+    assert sorted((await store.collect_garbage()).blobs) == sorted(
+        [media_uri_for(upstream), media_uri_for(b'this package put it')]
+    )
+    await store.aclose()
 
 
 async def test_delete_removes_the_chunks_of_that_blob_only(tmp_path: Path) -> None:

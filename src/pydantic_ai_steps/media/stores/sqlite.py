@@ -19,11 +19,13 @@ transaction (or a Python 3.12 `autocommit=False` connection) decides when the ro
 
 Each row's `stored_at` (REAL, seconds since the epoch) says when its blob was last put: a put of
 bytes already stored writes nothing but an `UPDATE` of that column, so garbage collection never
-takes a blob that a writer has just put again. Rows of older tables, which had no such column,
-read as put in 1970. `delete(uri, stored_before=t)` removes the row, and its chunk rows, in one
-write transaction (a savepoint inside a caller's), with `DELETE ... WHERE sha256 = ? AND
-coalesce(stored_at, 0) < ?`: a put committed before it keeps the blob, a put after it stores the
-blob again. `list_blobs` reads the table in pages of
+takes a blob that a writer has just put again. A row without one (an older table's, or a put of
+the upstream package, which sets none even in a widened table) lists as just put, and a
+collection dates it (`date_undated_blobs`): it becomes collectable one grace period later, never
+while the writer that put it may be about to reference it. `delete(uri, stored_before=t)`
+removes the row, and its chunk rows, in one write transaction (a savepoint inside a caller's),
+with `DELETE ... WHERE sha256 = ? AND coalesce(stored_at, 0) < ?`: a put committed before it
+keeps the blob, a put after it stores the blob again. `list_blobs` reads the table in pages of
 `sha256` order, releasing the lock between pages.
 
 Large payloads are stored in chunks. A payload's digest names its row, and hashing costs about
@@ -91,6 +93,7 @@ __all__ = ['SqliteMediaStore']
 _SAVEPOINT = 'pydantic_ai_steps_media_put'
 _CHUNKS_SAVEPOINT = 'pydantic_ai_steps_media_chunks'
 _DELETE_SAVEPOINT = 'pydantic_ai_steps_media_delete'
+_DATE_SAVEPOINT = 'pydantic_ai_steps_media_date'
 _DIGEST = re.compile(r'[0-9a-f]{64}')
 _LIST_BATCH = 1000
 """`list_blobs` reads this many rows per turn of the lock."""
@@ -161,6 +164,11 @@ class SqliteMediaStore(SqliteMediaConnection):
             if len(rows) < _LIST_BATCH:
                 return
             after = rows[-1][0]
+
+    async def date_undated_blobs(self) -> None:
+        """Date the rows that have no put time now (see the module docs); a table not widened yet keeps
+        them undated, listed as just put, until a put adds the column."""
+        await self._read(self._date_sync)
 
     async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
         """Remove the blob and its chunks; with `stored_before`, only if it was not put at or after it.
@@ -296,16 +304,21 @@ class SqliteMediaStore(SqliteMediaConnection):
     def _page_sync(
         self, conn: sqlite3.Connection, after: object, columns: frozenset[str]
     ) -> list[tuple[object, int, float]]:
-        """`(sha256, size, stored_at)` of the next rows after `after`; NULL `stored_at` (older rows) reads as 0."""
+        """`(sha256, size, stored_at)` of the next rows after `after`; a row without a put time reads as put now."""
         rows: list[tuple[object, int, float]] = []
         if not columns:
             return rows
         stored = _column(columns, 'stored_at')
         query = f'SELECT sha256, size_bytes, {stored} FROM "{self._table}" WHERE sha256 > ? ORDER BY sha256 LIMIT ?'
         for digest, size, stored_at in conn.execute(query, (after, _LIST_BATCH)):
-            put_at = 0.0 if stored_at is None else stored_at if isinstance(stored_at, int | float) else time.time()
+            put_at = stored_at if isinstance(stored_at, int | float) else time.time()
             rows.append((digest, size if isinstance(size, int) else 0, float(put_at)))
         return rows
+
+    def _date_sync(self, conn: sqlite3.Connection, columns: frozenset[str]) -> None:
+        if 'stored_at' in columns:
+            with WriteTransaction(conn, _DATE_SAVEPOINT):
+                conn.execute(f'UPDATE "{self._table}" SET stored_at = ? WHERE stored_at IS NULL', (time.time(),))
 
     def _delete_sync(
         self, conn: sqlite3.Connection, digest: str, before: float | None, columns: frozenset[str]
