@@ -81,7 +81,7 @@ async def test_an_older_table_lists_as_just_put_and_gets_stored_at_at_the_first_
     blobs = await listed(store)
     assert sorted(blobs) == sorted([media_uri_for(b'old one'), media_uri_for(b'old two')])
     assert all(size == 7 and put_at >= before for size, put_at in blobs.values())  # undated: never collectable yet
-    await store.date_undated_blobs()  # a table without the column stays as it is
+    await listed(store)
     assert 'stored_at' not in {row[1] for row in query(path, 'PRAGMA table_info(media)')}  # reads never migrate
     await store.put(b'old two')  # put again: no longer old
     assert 'stored_at' in {row[1] for row in query(path, 'PRAGMA table_info(media)')}
@@ -124,6 +124,28 @@ async def test_a_blob_put_without_a_put_time_is_collected_one_grace_period_after
     assert sorted((await store.collect_garbage()).blobs) == sorted(
         [media_uri_for(upstream), media_uri_for(b'this package put it')]
     )
+    await store.aclose()
+
+
+async def test_an_older_table_only_ever_collected_is_widened_and_dated_by_a_collection(tmp_path: Path) -> None:
+    """A table of an older release that no put of this one reached has no `stored_at`: its rows list
+    as just put, so a collection widens it and dates them, or they would never be collectable."""
+    from pydantic_ai_steps.step_persistence import SqliteStepStore
+
+    path = tmp_path / 'old.db'
+    old = b'an old unreferenced blob'
+    with sqlite3.connect(path) as connection:
+        connection.execute(
+            'CREATE TABLE media (sha256 TEXT PRIMARY KEY, media_type TEXT, bytes BLOB NOT NULL, '
+            'size_bytes INTEGER NOT NULL, metadata TEXT, blob_id INTEGER)'
+        )
+        connection.execute('INSERT INTO media VALUES (?, NULL, ?, ?, NULL, NULL)', (media_uri_for(old)[-64:], old, 24))
+    connection.close()
+    store = SqliteStepStore(database=path)
+    assert (await store.collect_garbage()).blobs == []  # kept this time: dated now
+    assert isinstance(stored_at(path, media_uri_for(old)), float)
+    query(path, 'UPDATE media SET stored_at = ?', time.time() - 7200)  # two hours later
+    assert (await store.collect_garbage()).blobs == [media_uri_for(old)]
     await store.aclose()
 
 

@@ -21,8 +21,8 @@ Each row's `stored_at` (REAL, seconds since the epoch) says when its blob was la
 bytes already stored writes nothing but an `UPDATE` of that column, so garbage collection never
 takes a blob that a writer has just put again. A row without one (an older table's, or a put of
 the upstream package, which sets none even in a widened table) lists as just put, and a
-collection dates it (`date_undated_blobs`): it becomes collectable one grace period later, never
-while the writer that put it may be about to reference it. `delete(uri, stored_before=t)`
+collection dates it (`date_undated_blobs`, which widens an older table first): it becomes
+collectable one grace period later, never while the writer that put it may be about to reference it. `delete(uri, stored_before=t)`
 removes the row, and its chunk rows, in one write transaction (a savepoint inside a caller's),
 with `DELETE ... WHERE sha256 = ? AND coalesce(stored_at, 0) < ?`: a put committed before it
 keeps the blob, a put after it stores the blob again. `list_blobs` reads the table in pages of
@@ -166,9 +166,10 @@ class SqliteMediaStore(SqliteMediaConnection):
             after = rows[-1][0]
 
     async def date_undated_blobs(self) -> None:
-        """Date the rows that have no put time now (see the module docs); a table not widened yet keeps
-        them undated, listed as just put, until a put adds the column."""
-        await self._read(self._date_sync)
+        """Date the rows that have no put time now (see the module docs), widening an older table
+        (a collection writes anyway): otherwise its rows would list as just put for good."""
+        if await self._read(_has_table):
+            await self._run(self._date_sync)
 
     async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
         """Remove the blob and its chunks; with `stored_before`, only if it was not put at or after it.
@@ -315,10 +316,9 @@ class SqliteMediaStore(SqliteMediaConnection):
             rows.append((digest, size if isinstance(size, int) else 0, float(put_at)))
         return rows
 
-    def _date_sync(self, conn: sqlite3.Connection, columns: frozenset[str]) -> None:
-        if 'stored_at' in columns:
-            with WriteTransaction(conn, _DATE_SAVEPOINT):
-                conn.execute(f'UPDATE "{self._table}" SET stored_at = ? WHERE stored_at IS NULL', (time.time(),))
+    def _date_sync(self, conn: sqlite3.Connection) -> None:
+        with WriteTransaction(conn, _DATE_SAVEPOINT):
+            conn.execute(f'UPDATE "{self._table}" SET stored_at = ? WHERE stored_at IS NULL', (time.time(),))
 
     def _delete_sync(
         self, conn: sqlite3.Connection, digest: str, before: float | None, columns: frozenset[str]
@@ -367,3 +367,8 @@ class SqliteMediaStore(SqliteMediaConnection):
 def _column(columns: frozenset[str], name: str) -> str:
     """`name`, or `NULL` in a table from before that column (a read never adds it)."""
     return name if name in columns else 'NULL'
+
+
+def _has_table(conn: sqlite3.Connection, columns: frozenset[str]) -> bool:
+    del conn
+    return bool(columns)
