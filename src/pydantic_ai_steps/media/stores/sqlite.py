@@ -22,10 +22,11 @@ bytes already stored writes nothing but an `UPDATE` of that column, so garbage c
 takes a blob that a writer has just put again. A row without one (an older table's, or a put of
 the upstream package, which sets none even in a widened table) lists as just put, and a
 collection dates it (`date_undated_blobs`, which widens an older table first): it becomes
-collectable one grace period later, never while the writer that put it may be about to reference it. `delete(uri, stored_before=t)`
-removes the row, and its chunk rows, in one write transaction (a savepoint inside a caller's),
-with `DELETE ... WHERE sha256 = ? AND coalesce(stored_at, 0) < ?`: a put committed before it
-keeps the blob, a put after it stores the blob again. `list_blobs` reads the table in pages of
+collectable one grace period later, never while the writer that put it may be about to
+reference it. `delete(uri, stored_before=t)` removes the row, and its chunk rows, in one write
+transaction (a savepoint inside a caller's), with `DELETE ... WHERE sha256 = ? AND
+coalesce(stored_at, 0) < ?`: a put committed before it keeps the blob, a put after it stores
+the blob again. `list_blobs` reads the table in pages of
 `sha256` order, releasing the lock between pages.
 
 Large payloads are stored in chunks. A payload's digest names its row, and hashing costs about
