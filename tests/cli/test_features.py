@@ -66,6 +66,25 @@ def test_a_blank_run_names_no_run_even_in_a_store_of_one(tmp_path: Path) -> None
     assert 'keep-me' in ok('runs', '--store', url)
 
 
+def test_delete_yes_removes_a_run_named_whole_not_by_a_prefix(tmp_path: Path) -> None:
+    """`delete run-1 --yes` after `run-1` went would take `run-12`, the one id left that it starts:
+    a prefix shows the plan, and only the whole id removes."""
+    store, url = open_store('sqlite', tmp_path)
+
+    async def two_runs() -> None:
+        async with store:
+            for run_id in ('run-1', 'run-12'):
+                await store.register_run(RunRecord(run_id=run_id, started_at=T0))
+
+    anyio.run(two_runs)
+    assert 'removed 1 run: run-1' in ok('delete', 'run-1', '--yes', '--store', url)
+    assert 'would remove 1 run: run-12' in ok('delete', 'run-1', '--dry-run', '--store', url)
+    refused = run_cli_inprocess('delete', 'run-1', '--yes', '--store', url)
+    assert refused.returncode == 1 and "'run-1' is the start of 'run-12': give that id" in refused.stderr, refused
+    assert 'run-12' in ok('runs', '--store', url)
+    assert 'removed 1 run: run-12' in ok('delete', 'run-12', '--yes', '--store', url)
+
+
 def test_runs_filters_and_limit(populated: PopulatedStore) -> None:
     def ids(*options: str) -> list[str]:
         return [run['run_id'] for run in json.loads(ok('runs', '--json', '--store', populated.url, *options))]

@@ -21,6 +21,13 @@ async def cmd_delete(args: argparse.Namespace, out: Output) -> None:
     location, store = await out.open_store(args)
     if args.run is not None:
         run_id, _ = await _inspect.resolve_run(store, args.run, location.url)
+        if run_id != args.run and args.yes and not args.dry_run:
+            # A prefix that named one run yesterday may name another today (its run deleted, a
+            # longer id left): what goes is named whole, as the plan without --yes shows it.
+            raise CliError(
+                f'delete --yes removes a run named by its whole id; {args.run!r} is the start of {run_id!r}: '
+                'give that id to remove it'
+            )
         targets = [run_id]
     else:
         targets = [run.run_id for run in await store.list_runs(conversation_id=args.conversation)]
