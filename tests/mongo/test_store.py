@@ -452,6 +452,31 @@ async def test_a_writer_whose_run_is_deleted_mid_write_removes_what_it_wrote(url
                 assert await database[name].count_documents({}) == 0, name
 
 
+async def test_a_deletion_cut_short_leaves_no_snapshot_reading_as_damaged(
+    url: str, database_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server (or a client before 8.0, one collection at a time) that stops inside a deletion leaves
+    a prefix of its writes: the snapshots go before the log they read, so what is left reads clean."""
+    async with MongoStepStore(db_url=url, database=database_name) as store:
+        await store.register_run(RunRecord(run_id='r'))
+        await store.save_snapshot(snapshot('r', tool_cycle()))
+        backend: Any = store.backend
+        original = backend.writer.apply
+
+        async def first_record_collection_only(writes: Any) -> None:
+            backend.writer.apply = original
+            assert writes[0].collection == 'counters'  # the run's tombstone, then the first of its records
+            await original(writes[:2])
+
+        backend.writer.apply = first_record_collection_only
+        await store.delete_run('r')
+        with caplog.at_level('WARNING'):
+            assert await store.latest_snapshot(run_id='r', include_interrupted=True) is None
+            assert await store.list_snapshots(run_id='r') == []
+        assert not [record for record in caplog.records if record.levelname == 'WARNING'], caplog.text
+        assert await store.delete_run('r') == ['r']  # a retry finishes it
+
+
 async def test_a_replayed_snapshot_is_suppressed_after_pruning_and_the_rest_of_its_batch_written(
     url: str, database_name: str
 ) -> None:

@@ -49,8 +49,10 @@ LOG = 'message_log'
 COUNTERS = 'counters'
 UPSTREAM_MESSAGES = 'snapshot_messages'
 UPSTREAM_KEYS = 'snapshot_idempotency_keys'
-RECORD_COLLECTIONS = (LOG, SNAPSHOTS, EVENTS, EFFECTS)
-"""What a run's records live in (besides its `runs` document and its counter)."""
+RECORD_COLLECTIONS = (SNAPSHOTS, LOG, EVENTS, EFFECTS)
+"""What a run's records live in (besides its `runs` document and its counter), in the order a
+deletion removes them: the snapshots before the log they read, so a deletion cut short leaves a
+run without snapshots, never snapshots whose messages are gone (read as damage)."""
 
 LAYOUT_ID = 'layout'
 LAYOUT_VERSION = 2
