@@ -21,8 +21,10 @@ def open_database(
     A new file is created readable by its owner only (SQLite gives its `-wal` and `-shm` files the
     database's permissions: the whole database holds prompts and tool results), with incremental
     auto-vacuum, so deleting runs can give space back (that can only be chosen before the journal
-    mode and the first table). An existing one is first given to `check`, which raises to refuse
-    it while nothing in it has changed. Then WAL, and `synchronous` by `durable`.
+    mode and the first table), and in WAL mode. An existing one is first given to `check`, which
+    raises to refuse it while nothing in it has changed, and keeps its journal mode: the store's
+    first write switches it to WAL (`enable_wal`), so a store that only reads (an inspector)
+    changes nothing in it. Then `synchronous` by `durable`.
     """
     new = False
     if database != ':memory:' and not database.startswith('file:'):
@@ -38,13 +40,13 @@ def open_database(
     connection = sqlite3.connect(database, isolation_level=None, check_same_thread=False, timeout=timeout)
     if new:
         connection.execute('PRAGMA auto_vacuum = INCREMENTAL')
+        enable_wal(connection)
     elif check is not None:
         try:
             check(connection)
         except BaseException:
             connection.close()
             raise
-    enable_wal(connection)
     connection.execute(f'PRAGMA synchronous={"FULL" if durable else "NORMAL"}')
     return connection
 

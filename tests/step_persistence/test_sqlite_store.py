@@ -144,6 +144,27 @@ async def test_durable_chooses_the_synchronous_level(tmp_path: Path, durable: bo
     store.close()
 
 
+async def test_reading_a_database_leaves_its_journal_mode_and_the_first_write_switches_it(tmp_path: Path) -> None:
+    """Inspecting a database another program keeps in rollback mode (the upstream package's, say)
+    changes nothing in it; only a write puts it in WAL mode, which the store's writers rely on."""
+    database = tmp_path / 'steps.db'
+    async with SqliteStepStore(database=database) as writer:
+        await writer.register_run(RunRecord(run_id='r', started_at=T0))
+        await writer.save_snapshot(snap('r', history(1)))
+    query(database, 'PRAGMA journal_mode=DELETE')
+    before = database.read_bytes()
+    async with SqliteStepStore(database=database) as reader:
+        assert [run.run_id for run in await reader.list_runs()] == ['r']
+        latest = await reader.latest_snapshot(run_id='r')
+        assert latest is not None and dump(latest.messages) == dump(history(1))
+        assert reader.media_store is not None and not await reader.media_store.exists('media+sha256://' + '0' * 64)
+    assert query(database, 'PRAGMA journal_mode') == [('delete',)]
+    assert database.read_bytes() == before and not Path(f'{database}-wal').exists()
+    async with SqliteStepStore(database=database) as writer:
+        await writer.register_run(RunRecord(run_id='s', started_at=T0))
+    assert query(database, 'PRAGMA journal_mode') == [('wal',)]
+
+
 @pytest.mark.parametrize(('limit', 'waits_ms'), [(10.0, 0), (0.0, 30_000)], ids=['fast disk', 'slow disk'])
 async def test_a_durable_store_sets_no_busy_timeout_per_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: float, waits_ms: int

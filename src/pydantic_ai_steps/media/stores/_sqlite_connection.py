@@ -21,6 +21,7 @@ from ..._files import store_path
 from ..._sqlite import (
     BackgroundCheckpointer,
     database_file,
+    enable_wal,
     open_database,
     raise_if_lock_timed_out,
     require_cross_thread_use,
@@ -164,7 +165,9 @@ class SqliteMediaConnection(AsyncClosing):
         """The connection for a write, its schema created or migrated on first use; call under the lock."""
         conn = self._open()
         if not self._schema_ready:
-            if self.durable and not self._owns_connection and not conn.in_transaction:
+            if self._owns_connection:
+                enable_wal(conn)  # a read leaves the journal mode as it found it (see `open_database`)
+            elif self.durable and not conn.in_transaction:
                 conn.execute('PRAGMA synchronous=FULL')
             self._ensure_schema(conn)
         return conn

@@ -68,6 +68,8 @@ class SqliteConnection:
         self.lock = threading.Lock()
         """Serializes every use of the connection (a `SqliteMediaStore` sharing it takes it too)."""
         self._migrated = False
+        self._wal = False
+        """Whether the database is in WAL mode: switched by the first write, never by a read."""
         self._columns: Columns | None = None
         self._schema_cookie = -1
         """`PRAGMA schema_version` when `_columns` was read."""
@@ -94,7 +96,7 @@ class SqliteConnection:
             if self._owns_connection and self._connection is not None:
                 self._connection.close()
                 self._connection = None
-                self._migrated = False
+                self._migrated = self._wal = False
                 self._columns = None
         if self._checkpointer is not None:
             self._checkpointer.wait()
@@ -227,13 +229,14 @@ class SqliteConnection:
             self._connection = conn
         if self._columns is None:  # before anything below changes the database
             self._read_view(conn)
+        if write and not self._wal and not conn.in_transaction:
+            # WAL is a property of the database file, so it sticks; a shared connection's
+            # synchronous level is the caller's, unless this store was asked to be durable.
+            enable_wal(conn)
+            if self.durable and not self._owns_connection:
+                conn.execute('PRAGMA synchronous=FULL')
+            self._wal = True
         if write and not self._migrated:
-            if not self._owns_connection and not conn.in_transaction:
-                # A shared connection gets WAL too (a property of the database file, so it sticks);
-                # its synchronous level is the caller's, unless this store was asked to be durable.
-                enable_wal(conn)
-                if self.durable:
-                    conn.execute('PRAGMA synchronous=FULL')
             if schema_version(conn) != SCHEMA_VERSION:
                 with self._write(conn, immediate=True):
                     migrate(conn)
