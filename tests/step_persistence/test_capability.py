@@ -280,6 +280,35 @@ async def test_failing_tool_in_a_batch_leaves_an_interrupted_snapshot_on_top() -
     assert inspection.settled is not None and inspection.settled.step_index == 1
 
 
+@pytest.mark.parametrize('capture_frontier', [False, True], ids=['boundaries', 'frontier'])
+async def test_a_snapshot_holding_a_response_is_at_the_step_of_its_request(capture_frontier: bool) -> None:
+    """The history after a model response (the frontier, or the history at a failure) is saved at
+    the step of the request that response answers, so a run's snapshots go up step by step."""
+    store = InMemoryStepStore()
+    agent = Agent(
+        scripted([call('read_file', 'c1', path='a.py')], [call('explode', 'c2')], 'never'),
+        capabilities=[StepPersistence(store=store, capture_frontier=capture_frontier)],
+    )
+
+    @agent.tool_plain
+    def read_file(path: str) -> str:
+        return f'contents of {path}'
+
+    @agent.tool_plain
+    def explode() -> str:
+        raise RuntimeError('disk on fire')
+
+    with pytest.raises(RuntimeError, match='disk on fire'):
+        await agent.run('investigate')
+    snapshots = await store.list_snapshots(run_id=(await only_run(store)).run_id, include_interrupted=True)
+    failure = snapshots[-1]
+    assert (failure.step_index, failure.state, len(failure.messages)) == (2, 'interrupted', 5)
+    frontier = [s.step_index for s in snapshots if isinstance(s.messages[-1], ModelResponse)]
+    assert frontier == ([1, 2] if capture_frontier else [])
+    steps = [s.step_index for s in snapshots]
+    assert steps == sorted(steps)
+
+
 @dataclass
 class DyingStore(InMemoryStepStore):
     """Stops writing at a chosen moment, as a killed process would: nothing after it lands."""

@@ -332,11 +332,16 @@ class StepPersistence(StoreOperations[AgentDepsT]):
 
         The returns of a `CallToolsNode` travel on the next `ModelRequestNode`'s request, which is
         not in the history yet; folding it in makes the boundary settled the moment the tools end.
+        A `ModelRequestNode`'s context still carries the step from before its request, so what it
+        leaves is saved at the step of that request.
         """
+        step = ctx.run_step
+        if isinstance(node, ModelRequestNode) and self._last_request_step is not None:
+            step = self._last_request_step
         if not isinstance(node, UserPromptNode):  # its context still holds the list the run was given
-            _context.live_history.set((ctx.messages, ctx.run_step))
+            _context.live_history.set((ctx.messages, step))
         if self.capture_frontier and isinstance(node, ModelRequestNode):
-            await self._snapshots.save(ctx, list(ctx.messages), ctx.run_step)
+            await self._snapshots.save(ctx, list(ctx.messages), step)
         elif isinstance(node, CallToolsNode):
             messages = list(ctx.messages)
             if isinstance(result, ModelRequestNode):
