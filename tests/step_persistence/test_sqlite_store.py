@@ -158,11 +158,10 @@ async def test_reading_a_database_leaves_its_journal_mode_and_the_first_write_sw
         latest = await reader.latest_snapshot(run_id='r')
         assert latest is not None and dump(latest.messages) == dump(history(1))
         assert reader.media_store is not None and not await reader.media_store.exists('media+sha256://' + '0' * 64)
-    assert query(database, 'PRAGMA journal_mode') == [('delete',)]
-    assert database.read_bytes() == before and not Path(f'{database}-wal').exists()
-    async with SqliteStepStore(database=database) as writer:
-        await writer.register_run(RunRecord(run_id='s', started_at=T0))
-    assert query(database, 'PRAGMA journal_mode') == [('wal',)]
+        assert query(database, 'PRAGMA journal_mode') == [('delete',)]
+        assert database.read_bytes() == before and not Path(f'{database}-wal').exists()
+        await reader.append_event(StepEvent(run_id='r', kind='run_completed', step_index=2))  # on the loop
+        assert query(database, 'PRAGMA journal_mode') == [('wal',)]
 
 
 @pytest.mark.parametrize(('limit', 'waits_ms'), [(10.0, 0), (0.0, 30_000)], ids=['fast disk', 'slow disk'])

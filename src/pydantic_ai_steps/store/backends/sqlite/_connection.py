@@ -171,10 +171,10 @@ class SqliteConnection:
             conn is None
             or self._busy_timeout_set
             or self._wal_too_long
-            or (write and not self._migrated)
+            or (write and not (self._migrated and self._wal))
             or (not write and self._columns is None)
         ):
-            raise WouldBlock  # opening, migrating and a checkpoint on this connection are a worker's job
+            raise WouldBlock  # opening, migrating, WAL and a checkpoint on this connection are a worker's job
         try:
             return self._timed(body, conn, write)
         except sqlite3.OperationalError as error:
@@ -229,12 +229,13 @@ class SqliteConnection:
             self._connection = conn
         if self._columns is None:  # before anything below changes the database
             self._read_view(conn)
-        if write and not self._wal and not conn.in_transaction:
-            # WAL is a property of the database file, so it sticks; a shared connection's
-            # synchronous level is the caller's, unless this store was asked to be durable.
-            enable_wal(conn)
-            if self.durable and not self._owns_connection:
-                conn.execute('PRAGMA synchronous=FULL')
+        if write and not self._wal:
+            if not conn.in_transaction:  # a caller's open transaction: the journal mode stays the caller's
+                # WAL is a property of the database file, so it sticks; a shared connection's
+                # synchronous level is the caller's, unless this store was asked to be durable.
+                enable_wal(conn)
+                if self.durable and not self._owns_connection:
+                    conn.execute('PRAGMA synchronous=FULL')
             self._wal = True
         if write and not self._migrated:
             if schema_version(conn) != SCHEMA_VERSION:
