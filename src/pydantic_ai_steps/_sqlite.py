@@ -12,6 +12,9 @@ from pathlib import Path
 
 from ._errors import StepsError
 
+BUSY_TIMEOUT_MS = 30_000
+"""How long a store's own connection waits for another connection's write lock (both SQLite stores)."""
+
 
 def open_database(
     database: str, *, durable: bool, timeout: float, check: Callable[[sqlite3.Connection], object] | None = None
@@ -155,7 +158,7 @@ class WriteTransaction:
         connection.execute(f'RELEASE {self._savepoint}')
 
 
-def enable_wal(connection: sqlite3.Connection, *, timeout: float = 30.0) -> None:
+def enable_wal(connection: sqlite3.Connection, *, timeout: float = BUSY_TIMEOUT_MS / 1000) -> None:
     """Put the database in WAL mode, waiting out other processes that are opening it too.
 
     Switching the journal mode needs the database to itself, and SQLite answers `database is
@@ -276,7 +279,7 @@ class BackgroundCheckpointer:
                     return
                 self._wanted = False
             with contextlib.suppress(sqlite3.Error):
-                checkpointer = sqlite3.connect(self._database, isolation_level=None, timeout=30)
+                checkpointer = sqlite3.connect(self._database, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
                 try:
                     checkpoint_caught_up(checkpointer)
                 finally:

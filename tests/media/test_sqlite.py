@@ -13,6 +13,7 @@ import pytest
 
 from pydantic_ai_steps._sqlite import DatabaseLockedError
 from pydantic_ai_steps.media import MediaContext, MediaIntegrityError, SqliteMediaStore, media_uri_for
+from pydantic_ai_steps.media.stores import _sqlite_connection as sqlite_connection_module
 from pydantic_ai_steps.step_persistence import RunRecord, SqliteStepStore
 
 pytestmark = pytest.mark.anyio
@@ -92,6 +93,25 @@ async def test_a_put_held_up_past_the_busy_timeout_names_the_database_and_the_wa
     assert isinstance(caught.value, sqlite3.OperationalError)
     assert await store.put(b'second') == media_uri_for(b'second')
     connection.close()
+
+
+async def test_a_lock_held_while_the_store_opens_its_database_names_the_database_and_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The own connection is opened by the first call: a write lock held across that open is the same
+    named error, not a failed assertion about a connection that is not there yet."""
+    monkeypatch.setattr(sqlite_connection_module, 'BUSY_TIMEOUT_MS', 200)
+    path = tmp_path / 'held.db'
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute('CREATE TABLE unrelated (x)')  # an existing file, so the open reads it
+        other.execute('BEGIN EXCLUSIVE')
+        store = SqliteMediaStore(database=path)
+        for call in (lambda: store.exists(media_uri_for(b'x')), lambda: store.put(b'x')):
+            with pytest.raises(DatabaseLockedError, match=r'the 0\.2 s busy timeout'):
+                await call()
+        other.execute('ROLLBACK')
+    assert await store.put(b'x') == media_uri_for(b'x')
+    store.close()
 
 
 async def test_first_put_fixes_media_type_and_metadata(tmp_path: Path) -> None:

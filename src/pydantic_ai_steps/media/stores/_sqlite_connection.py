@@ -19,6 +19,7 @@ from ..._closing import AsyncClosing
 from ..._errors import check_bool
 from ..._files import store_path
 from ..._sqlite import (
+    BUSY_TIMEOUT_MS,
     BackgroundCheckpointer,
     database_file,
     enable_wal,
@@ -133,8 +134,9 @@ class SqliteMediaConnection(AsyncClosing):
         """A write lock another connection held past the busy timeout, raised as an error that says so."""
         try:
             yield
-        except sqlite3.OperationalError as error:
-            raise_if_lock_timed_out(error, self._connection, database=self._database)
+        except sqlite3.OperationalError as error:  # the own connection may not be open yet: its timeout is known
+            timeout_ms = BUSY_TIMEOUT_MS if self._owns_connection else None  # a caller's: what it set
+            raise_if_lock_timed_out(error, self._connection, database=self._database, timeout_ms=timeout_ms)
             raise
 
     def _check_database(self, conn: sqlite3.Connection) -> None:
@@ -157,7 +159,9 @@ class SqliteMediaConnection(AsyncClosing):
         conn = self._connection
         if conn is None:
             assert self._database is not None
-            conn = open_database(self._database, durable=self.durable, timeout=30, check=self._check_database)
+            conn = open_database(
+                self._database, durable=self.durable, timeout=BUSY_TIMEOUT_MS / 1000, check=self._check_database
+            )
             self._connection = conn
         return conn
 

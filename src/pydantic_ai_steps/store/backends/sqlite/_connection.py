@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TypeVar
 
 from ...._sqlite import (
+    BUSY_TIMEOUT_MS,
     BackgroundCheckpointer,
     WriteTransaction,
     database_file,
@@ -37,7 +38,7 @@ _R = TypeVar('_R')
 _SAVEPOINT = 'pydantic_ai_steps_store'
 _AUTOCOMMIT: AbstractContextManager[None] = nullcontext()
 """A single statement on the store's own connection: it commits by itself."""
-_BUSY_TIMEOUT_MS = 30_000
+_BUSY_TIMEOUT_MS = BUSY_TIMEOUT_MS
 """How long a call on a worker thread waits for another connection's write lock."""
 _CHECKPOINT_EVERY = 64
 """Commits between background WAL checkpoints on the store's own connection. A tool cycle's commit
