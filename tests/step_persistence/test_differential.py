@@ -30,6 +30,7 @@ from pydantic_ai import (
     capture_run_messages,
 )
 from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.exceptions import AgentRunError
 from pydantic_ai.messages import (
     BinaryContent,
     ModelMessage,
@@ -157,7 +158,7 @@ def scripted(turns: list[list[str]], run_no: int) -> FunctionModel:
             if isinstance(part, TextPart):
                 yield part.content
             elif isinstance(part, ToolCallPart):
-                calls[index] = DeltaToolCall(part.tool_name, part.args_as_json_str(), part.tool_call_id)
+                calls[index] = DeltaToolCall(part.tool_name, part.args_as_json_str(), tool_call_id=part.tool_call_id)
         if calls:
             yield calls
 
@@ -283,7 +284,9 @@ async def drive(plan: Scenario, agent: Agent[None, Any], prompt: Any, **options:
                 if run.result is None:
                     return Outcome('abandoned')
                 output, messages = run.result.output, run.result.all_messages()
-        except Exception:
+        except RuntimeError as error:  # what a scenario can make: a limit, retries (`AgentRunError`s), `boom`
+            if not isinstance(error, AgentRunError) and not str(error).startswith('boom '):
+                raise
             return Outcome('failed', list(captured))
     return Outcome('deferred' if isinstance(output, DeferredToolRequests) else 'completed', messages)
 
