@@ -488,6 +488,8 @@ async def test_a_referenced_image_a_killed_collection_left_aside_is_put_back(
     os.rename(blob, blob.with_name(f'gc-{uuid.uuid4().hex}.tmp'))
     later = time.time() + _disk_files.STALE_TEMP_SECONDS + 1
     monkeypatch.setattr(_disk_files, 'time', SimpleNamespace(time=lambda: later))
+    planned = await store.collect_garbage(grace=timedelta(0), writers_stopped=True, dry_run=True)
+    assert planned.blobs == [] and not blob.exists()  # a dry run only looks
     assert (await store.collect_garbage(grace=timedelta(0), writers_stopped=True)).blobs == []
     loaded = await FileStepStore(tmp_path).latest_snapshot(run_id='r')
     assert loaded is not None and dump(loaded.messages) == dump(image)

@@ -78,13 +78,14 @@ class CollectableMediaStore(MediaStore, Protocol):
 
 
 @runtime_checkable
-class DatesUndatedBlobs(Protocol):
-    """A media store whose blobs may carry no put time (the upstream package's MongoDB manifests)."""
+class PreparesCollection(Protocol):
+    """A media store with work to do before a collection lists its blobs, which `list_blobs` (a dry
+    run's only call) never does: blobs that carry no put time (the upstream package's MongoDB
+    manifests and SQLite rows), which it lists as just put, are dated now, so a blob becomes
+    collectable one grace period after the first collection that dated it; the temporary files of
+    killed puts and deletes are tidied (`DiskMediaStore`)."""
 
-    async def date_undated_blobs(self) -> None:
-        """Date such blobs now: `list_blobs` reports them as just put (it writes nothing), and a blob
-        becomes collectable one grace period after the first collection that dated it."""
-        ...
+    async def prepare_collection(self) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,8 +226,8 @@ class Maintenance:
                 f'grace of at least {MIN_LIVE_GRACE}, or writers_stopped=True if no process writes to this store'
             )
         cutoff = cutoff_for(grace)  # a grace reaching back before year 1 collects nothing
-        if not dry_run and isinstance(media, DatesUndatedBlobs):
-            await media.date_undated_blobs()  # after the cutoff: dated now, a blob is not collected this time
+        if not dry_run and isinstance(media, PreparesCollection):
+            await media.prepare_collection()  # after the cutoff: dated now, a blob is not collected this time
         candidates: list[BlobInfo] = []
         recent = 0
         async for blob in media.list_blobs():

@@ -30,10 +30,11 @@ longer, then reads its modification time: at or after `t` it is renamed back, ot
 file and its sidecar are removed. A put racing the deletion either refreshed the blob before the
 rename (it is kept) or finds it gone and writes it again.
 
-A process killed inside a put or a delete leaves its temporary file. `list_blobs` tidies one an
-hour after its last change (`_disk_files.tidy_leftover`), never sooner, since a running put or
-delete may hold it: a put's is removed, a delete's is put back under its blob's name (it may hold
-a blob a writer put again meanwhile, still referenced), or removed if a whole copy is there.
+A process killed inside a put or a delete leaves its temporary file. A collection (never a dry
+run: `prepare_collection`) tidies one an hour after its last change (`_disk_files.tidy_leftover`),
+never sooner, since a running put or delete may hold it: a put's is removed, a delete's is put
+back under its blob's name (it may hold a blob a writer put again meanwhile, still referenced),
+or removed if a whole copy is there.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ class DiskMediaStore(AsyncClosing):
     as: every call refuses one that is a link or another user's with a `PermissionError` (the
     directories above it may be links). `list_blobs()` and `delete()` serve media garbage
     collection. The listing walks the directory without following symbolic links, skips a folder
-    the calls would refuse (with a warning), and skips sidecars and temporary files (tidying those
-    a killed process left: see the module notes). A file's URI comes from a 64-hex digest in its
+    the calls would refuse (with a warning), and skips sidecars and temporary files (a collection
+    tidies those a killed process left: see the module notes). A file's URI comes from a 64-hex digest in its
     path relative to `directory` (the default key is `<sha256>.bin`); a file whose path holds
     none, with a key strategy other than the default, is hashed to find it. Either way a file is
     listed only if the key strategy, given that URI and an empty `MediaContext`, names exactly
@@ -170,10 +171,7 @@ class DiskMediaStore(AsyncClosing):
         return await anyio.to_thread.run_sync(self._read_metadata, path, uri)
 
     async def list_blobs(self) -> AsyncIterator[BlobInfo]:
-        """Every blob under the directory, with its size and when it was last put (its mtime, UTC).
-
-        The walk also tidies the temporary files killed puts and deletes left (see the module notes).
-        """
+        """Every blob under the directory, with its size and when it was last put (its mtime, UTC)."""
         walk = self._walk()
         try:
             while batch := await anyio.to_thread.run_sync(_next_batch, walk):
@@ -181,6 +179,10 @@ class DiskMediaStore(AsyncClosing):
                     yield blob
         finally:
             walk.close()
+
+    async def prepare_collection(self) -> None:
+        """Before a collection (never a dry run) lists the blobs: tidy what killed puts and deletes left."""
+        await anyio.to_thread.run_sync(self._tidy)
 
     async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
         """Remove the blob of `uri` and its sidecar; with `stored_before`, only if not put at or after it.
@@ -261,38 +263,22 @@ class DiskMediaStore(AsyncClosing):
             raise ValueError(f'unreadable metadata sidecar for {uri} at {sidecar(path)}: {exc}') from exc
 
     def _walk(self) -> Generator[BlobInfo]:
-        """Depth first, never into a symbolic link or a folder `_enter` refuses (skipped with a
-        warning); what vanishes during the walk is skipped."""
-        root = os.path.abspath(self._root)
-        pending = [(root, '')]  # a directory, and its path relative to the root ('a/b/')
-        while pending:
-            directory, relative = pending.pop()
+        """The blobs among the files under the root (`_files`)."""
+        for path, key, info in _files(self._root):
+            if TEMP_NAME.fullmatch(os.path.basename(path)):
+                continue
             try:
-                if not check_directory(directory, 'media folder'):
-                    continue
-                entries = os.scandir(directory)
-            except UnsafeEntryError as error:
-                logger.warning('not listing the blobs in %s', error)
+                uri = self._uri_of(path, key)
+            except FileNotFoundError:  # gone since it was listed
                 continue
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            with entries:
-                for entry in entries:
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            pending.append((entry.path, f'{relative}{entry.name}/'))
-                            continue
-                        if not entry.is_file(follow_symlinks=False) or entry.name.endswith(SIDECAR_SUFFIX):
-                            continue
-                        info = entry.stat(follow_symlinks=False)
-                        if TEMP_NAME.fullmatch(entry.name):
-                            tidy_leftover(entry.path, info, lambda uri: self._path(uri, EMPTY_CONTEXT), self.durable)
-                            continue
-                        uri = self._uri_of(entry.path, relative + entry.name)
-                    except FileNotFoundError:
-                        continue
-                    if uri is not None:
-                        yield BlobInfo(uri=uri, size=info.st_size, stored_at=utc_from_timestamp(info.st_mtime))
+            if uri is not None:
+                yield BlobInfo(uri=uri, size=info.st_size, stored_at=utc_from_timestamp(info.st_mtime))
+
+    def _tidy(self) -> None:
+        """Tidy the temporary files killed puts and deletes left (see the module notes)."""
+        for path, _, info in _files(self._root):
+            if TEMP_NAME.fullmatch(os.path.basename(path)):
+                tidy_leftover(path, info, lambda uri: self._path(uri, EMPTY_CONTEXT), self.durable)
 
     def _uri_of(self, path: str, key: str) -> str | None:
         """The URI whose key (with an empty context) is `key`, the file's path relative to the root.
@@ -404,3 +390,30 @@ class DiskMediaStore(AsyncClosing):
 
 def _next_batch(blobs: Iterator[BlobInfo]) -> list[BlobInfo]:
     return [blob for _, blob in zip(range(_LIST_BATCH), blobs, strict=False)]
+
+
+def _files(root: Path) -> Generator[tuple[str, str, os.stat_result]]:
+    """`(path, path relative to root, lstat)` of every regular file under `root` but sidecars, depth
+    first, never into a symbolic link or a folder `check_directory` refuses (skipped with a warning);
+    what vanishes during the walk is skipped."""
+    pending = [(os.path.abspath(root), '')]  # a directory, and its path relative to the root ('a/b/')
+    while pending:
+        directory, relative = pending.pop()
+        try:
+            if not check_directory(directory, 'media folder'):
+                continue
+            entries = os.scandir(directory)
+        except UnsafeEntryError as error:
+            logger.warning('not listing the blobs in %s', error)
+            continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append((entry.path, f'{relative}{entry.name}/'))
+                    elif entry.is_file(follow_symlinks=False) and not entry.name.endswith(SIDECAR_SUFFIX):
+                        yield entry.path, relative + entry.name, entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue

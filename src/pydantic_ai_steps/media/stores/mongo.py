@@ -273,7 +273,7 @@ class MongoMediaStore(AsyncClosing):
         """Every blob with its size and when it was last put; nothing is written.
 
         A manifest written by the upstream package has no `stored_at`: it is listed as put just now,
-        never collectable, until a collection dates it (`date_undated_blobs`).
+        never collectable, until a collection dates it (`prepare_collection`).
         """
         manifests = self._manifests()
         now = _stamp()
@@ -288,7 +288,7 @@ class MongoMediaStore(AsyncClosing):
                     stored_at=stored_at if isinstance(stored_at, datetime) else now if stored_at is None else _EPOCH,
                 )
 
-    async def date_undated_blobs(self) -> None:
+    async def prepare_collection(self) -> None:
         """Stamp the upstream package's manifests (no `stored_at`) with the time now, as if put now:
         collectable one grace period later, never at once (an upstream writer may be about to reference one)."""
         await self._manifests().update_many({'stored_at': {'$exists': False}}, {'$set': {'stored_at': _stamp()}})

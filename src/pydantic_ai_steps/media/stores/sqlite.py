@@ -21,7 +21,7 @@ Each row's `stored_at` (REAL, seconds since the epoch) says when its blob was la
 bytes already stored writes nothing but an `UPDATE` of that column, so garbage collection never
 takes a blob that a writer has just put again. A row without one (an older table's, or a put of
 the upstream package, which sets none even in a widened table) lists as just put, and a
-collection dates it (`date_undated_blobs`, which widens an older table first): it becomes
+collection dates it (`prepare_collection`, which widens an older table first): it becomes
 collectable one grace period later, never while the writer that put it may be about to
 reference it. `delete(uri, stored_before=t)` removes the row, and its chunk rows, in one write
 transaction (a savepoint inside a caller's), with `DELETE ... WHERE sha256 = ? AND
@@ -166,7 +166,7 @@ class SqliteMediaStore(SqliteMediaConnection):
                 return
             after = rows[-1][0]
 
-    async def date_undated_blobs(self) -> None:
+    async def prepare_collection(self) -> None:
         """Date the rows that have no put time now (see the module docs), widening an older table
         (a collection writes anyway): otherwise its rows would list as just put for good."""
         if await self._read(_has_table):
