@@ -644,6 +644,7 @@ async def test_a_refused_write_quotes_a_huge_bad_value_shortened() -> None:
         lambda: store.append_event(StepEvent(run_id='r', kind=huge, step_index=0)),  # pyright: ignore[reportArgumentType]
         lambda: store.append_event(StepEvent(run_id='r', kind='run_started', step_index=huge)),  # pyright: ignore[reportArgumentType]
         lambda: store.list_runs(started_after=huge),  # pyright: ignore[reportArgumentType]
+        lambda: store.list_runs(status=huge),  # pyright: ignore[reportArgumentType]
     ):
         with pytest.raises(ValueError) as refused:
             await write()

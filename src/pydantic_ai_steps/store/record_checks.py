@@ -13,7 +13,6 @@ import operator
 from collections.abc import Callable, Collection
 from dataclasses import replace
 from datetime import datetime
-from typing import cast
 
 from .._errors import (
     InvalidRecordError,
@@ -108,7 +107,7 @@ class _Fields:
         if not all(map(_ALLOWS, self._allowed, map(type, values))):
             for (what, check), value in zip(self._checks, values, strict=True):
                 check(value, what)
-        texts = cast('tuple[str | None, ...]', values[: self._texts])
+        texts: tuple[str | None, ...] = values[: self._texts]  # pyright: ignore[reportAssignmentType]
         if not all(map(str.isascii, filter(None, texts))):
             for (what, _), text in zip(self._checks[: self._texts], texts, strict=True):
                 if text:
@@ -199,7 +198,7 @@ def checked_delta(delta: SnapshotDelta) -> None:
                 f'got {shortened(position)}'
             )
         if not isinstance(text, str) or not text.startswith('{'):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise InvalidRecordError(f'SnapshotDelta.appends texts must be JSON object texts, got {str(text)[:80]!r}')
+            raise InvalidRecordError(f'SnapshotDelta.appends texts must be JSON object texts, got {shortened(text)}')
     check_optional_text(delta.idempotency_key, 'SnapshotDelta.idempotency_key')
     _check_time(delta.timestamp, 'SnapshotDelta.timestamp')
 
@@ -214,7 +213,7 @@ def checked_query(query: RunQuery) -> RunQuery:
     for name in RUN_EQUALITY_FIELDS:
         check_optional_text(getattr(query, name), name)
     if query.status is not None and query.status not in ('completed', 'failed', 'unfinished'):
-        raise ValueError(f"status must be 'completed', 'failed' or 'unfinished', got {query.status!r}")
+        raise ValueError(f"status must be 'completed', 'failed' or 'unfinished', got {shortened(query.status)}")
     for name in ('started_after', 'started_before', 'ended_before'):
         value = getattr(query, name)
         if value is not None and not isinstance(value, datetime):
@@ -232,4 +231,7 @@ def checked_query(query: RunQuery) -> RunQuery:
                 'run_metadata filters compare JSON scalars (str, int, float, bool, None), '
                 f'got {shortened(key)}: {shortened(value)}'
             )
+        check_encodable(key, f'run_metadata filter key {shortened(key)}')
+        if isinstance(value, str):
+            check_encodable(value, f'run_metadata[{shortened(key)}]')
     return query

@@ -92,6 +92,9 @@ class InputConformance:
             await store.save_snapshot(replace(snapshot(run_id, tool_cycle()), idempotency_key='k\ud800'))
         with pytest.raises(InvalidRecordError, match='conversation_id is not valid Unicode text'):
             await store.list_runs(conversation_id='c\udcff')
+        for filters in ({'k': 'v\udcff'}, {'k\udcff': 1}):
+            with pytest.raises(InvalidRecordError, match=r'run_metadata.* is not valid Unicode text'):
+                await store.list_runs(run_metadata=filters)
         assert await store.list_events(run_id=run_id) == []
         assert await store.get_tool_effect(run_id=run_id, tool_call_id='c') is None
         assert await store.latest_snapshot(run_id=run_id, include_interrupted=True) is None
