@@ -11,7 +11,7 @@ from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolRetu
 
 from .._errors import InvalidRecordError, InvalidRunIdError
 from .._records import RunRecord, StepEvent, ToolEffectRecord
-from ..store.protocol import RecordBatchStore, StepStore
+from ..store.protocol import ManagedStepStore, RecordBatchStore, StepStore
 from ._support import T0, new_run, new_run_id, snapshot, tool_cycle
 
 
@@ -93,8 +93,9 @@ class InputConformance:
         with pytest.raises(InvalidRecordError, match='conversation_id is not valid Unicode text'):
             await store.list_runs(conversation_id='c\udcff')
         for filters in ({'k': 'v\udcff'}, {'k\udcff': 1}):
-            with pytest.raises(InvalidRecordError, match=r'run_metadata.* is not valid Unicode text'):
-                await store.list_runs(run_metadata=filters)
+            if isinstance(store, ManagedStepStore):
+                with pytest.raises(InvalidRecordError, match=r'run_metadata.* is not valid Unicode text'):
+                    await store.list_runs(run_metadata=filters)
         assert await store.list_events(run_id=run_id) == []
         assert await store.get_tool_effect(run_id=run_id, tool_call_id='c') is None
         assert await store.latest_snapshot(run_id=run_id, include_interrupted=True) is None
