@@ -101,6 +101,17 @@ def test_a_query_parameter_the_driver_takes_several_times_may_repeat() -> None:
 
 
 @pytest.mark.parametrize(
+    'url',
+    [
+        'postgresql://db/steps?application_name=a;table=b&table=c',  # libpq splits on `&` only: one table
+        'postgresql://db/steps?Table=x&table=y',  # libpq names are as written: two parameters
+    ],
+)
+def test_a_postgresql_query_is_read_as_libpq_reads_it(url: str) -> None:
+    assert resolve(url).target == url
+
+
+@pytest.mark.parametrize(
     ('url', 'shown'),
     [
         ('postgresql://app@db/steps?password=s3cret&table=t', 'postgresql://app@db/steps?password=***&table=t'),

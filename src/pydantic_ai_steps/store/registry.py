@@ -171,7 +171,14 @@ class ServerScheme(StoreScheme):
     """A networked store, whose module (and driver) is imported only when a URL names it."""
 
     def __init__(
-        self, scheme: str, aliases: tuple[str, ...], example: str, loader: str, repeatable: frozenset[str] = frozenset()
+        self,
+        scheme: str,
+        aliases: tuple[str, ...],
+        example: str,
+        loader: str,
+        *,
+        repeatable: frozenset[str] = frozenset(),
+        pymongo_query: bool = False,
     ) -> None:
         self.scheme = scheme
         self.aliases = aliases
@@ -179,6 +186,9 @@ class ServerScheme(StoreScheme):
         self._loader = loader
         self.repeatable = repeatable
         """Query parameters the driver takes more than once (in lower case), such as pymongo's `readPreferenceTags`."""
+        self.pymongo_query = pymongo_query
+        """Whether the driver reads the query as pymongo does (`;` separates too, names in any case),
+        or as libpq does (`&` only, names as written)."""
 
     def parse(self, url: str) -> StoreLocation:
         if _password_split_early(url):
@@ -193,7 +203,7 @@ class ServerScheme(StoreScheme):
             raise StoreUrlError(
                 f'bad {self.scheme} store URL {redacted_url(url)!r}: {error}; expected {self.example}'
             ) from None
-        repeated = _repeated_parameter(parts.query, self.repeatable)
+        repeated = _repeated_parameter(parts.query, self.repeatable, pymongo=self.pymongo_query)
         if repeated is not None:
             raise StoreUrlError(
                 f'bad {self.scheme} store URL {redacted_url(url)!r}: the query parameter {repeated!r} is given more '
@@ -224,13 +234,13 @@ def _host_in_query(query: str) -> bool:
     return any(name == 'host' and value for name, value in parse_qsl(query, keep_blank_values=True))
 
 
-def _repeated_parameter(query: str, repeatable: frozenset[str]) -> str | None:
-    """The first query parameter named again (in any case, as pymongo compares them; `;` separates
-    them too, as pymongo allows), unless the driver takes it several times; `None` if there is none."""
+def _repeated_parameter(query: str, repeatable: frozenset[str], *, pymongo: bool) -> str | None:
+    """The first query parameter named again, as the driver reads names (pymongo: in any case, and
+    `;` separates them too), unless the driver takes it several times; `None` if there is none."""
     seen: set[str] = set()
-    for item in re.split('[&;]', query):
+    for item in re.split('[&;]' if pymongo else '&', query):
         name = unquote_plus(item.partition('=')[0])
-        key = name.lower()
+        key = name.lower() if pymongo else name
         if not name or key in repeatable:
             continue
         if key in seen:
@@ -279,6 +289,7 @@ register_scheme(
         'mongodb://host:27017/db',
         'pydantic_ai_steps.store.backends.mongo:open_location',
         repeatable=frozenset({'readpreferencetags'}),
+        pymongo_query=True,
     )
 )
 
