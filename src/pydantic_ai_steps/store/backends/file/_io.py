@@ -247,14 +247,14 @@ class Tail:
             info = os.lstat(path)
             if info.st_ino == self.inode and info.st_size == self.offset:
                 return  # nothing new: the common case, one stat instead of open + fstat + close
-            fd, _ = open_file(path, os.O_RDONLY)
+            fd, info = open_file(path, os.O_RDONLY)
         except FileNotFoundError:
             if self.inode is not None:
                 self.reset()
                 consume([], True)
             return
         try:
-            self._sync(fd, path, consume, None)
+            self._sync(fd, path, consume, None, info)
         finally:
             os.close(fd)
 
@@ -273,9 +273,18 @@ class Tail:
             return True
         return False
 
-    def _sync(self, fd: int, path: Path, consume: Consumer, torn: Callable[[], None] | None) -> None:
-        info = os.fstat(fd)
-        check_entry(info, path, 'file', directory=False)
+    def _sync(
+        self,
+        fd: int,
+        path: Path,
+        consume: Consumer,
+        torn: Callable[[], None] | None,
+        info: os.stat_result | None = None,
+    ) -> None:
+        """`info`: the checked `fstat` of `fd`, if its opener took it (`open_file`)."""
+        if info is None:
+            info = os.fstat(fd)
+            check_entry(info, path, 'file', directory=False)
         if info.st_ino != self.inode or info.st_size < self.offset:
             if self.inode is not None:
                 logger.warning('%s was replaced or truncated; re-reading it', path)
