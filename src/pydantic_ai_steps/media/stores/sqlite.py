@@ -24,10 +24,10 @@ the upstream package, which sets none even in a widened table) lists as just put
 collection dates it (`prepare_collection`, which widens an older table first): it becomes
 collectable one grace period later, never while the writer that put it may be about to
 reference it. `delete(uri, stored_before=t)` removes the row, and its chunk rows, in one write
-transaction (a savepoint inside a caller's), with `DELETE ... WHERE sha256 = ? AND
-coalesce(stored_at, 0) < ?`: a put committed before it keeps the blob, a put after it stores
-the blob again. `list_blobs` reads the table in pages of
-`sha256` order, releasing the lock between pages.
+transaction (a savepoint inside a caller's), with `DELETE ... WHERE sha256 = ? AND stored_at <
+?`: a put committed before it keeps the blob, a put after it stores the blob again, and a row
+without a put time is kept, as the listing and MongoDB's manifests have it. `list_blobs` reads
+the table in pages of `sha256` order, releasing the lock between pages.
 
 Large payloads are stored in chunks. A payload's digest names its row, and hashing costs about
 as much as writing, so a payload larger than `chunk_bytes` (1 MiB) is written as 1 MiB rows of
@@ -327,9 +327,7 @@ class SqliteMediaStore(SqliteMediaConnection):
         if not columns:
             return False
         stored = _column(columns, 'stored_at')
-        condition, parameters = (
-            ('', (digest,)) if before is None else (f' AND coalesce({stored}, 0) < ?', (digest, before))
-        )
+        condition, parameters = ('', (digest,)) if before is None else (f' AND {stored} < ?', (digest, before))
         with WriteTransaction(conn, _DELETE_SAVEPOINT):
             row = conn.execute(
                 f'SELECT {_column(columns, "blob_id")} FROM "{self._table}" WHERE sha256 = ?{condition}', parameters
