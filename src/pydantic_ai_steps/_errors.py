@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import sqlite3
 import sys
 import unicodedata
 from collections.abc import Mapping
@@ -119,6 +120,14 @@ class SchemaVersionError(StepsError, RuntimeError):
 
 class NotAStoreError(StepsError, ValueError):
     """Something exists where a store was expected, but it is not a step store."""
+
+
+class DatabaseLockedError(StepsError, sqlite3.OperationalError):
+    """A SQLite call waited the whole busy timeout for a write lock that another connection held.
+
+    A `sqlite3.OperationalError` too, so code that caught SQLite's own `database is locked` still
+    catches it; the original error is its `__cause__`.
+    """
 
 
 def shortened(value: object, limit: int = 200) -> str:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ._errors import StepsError
+from ._errors import DatabaseLockedError
 
 BUSY_TIMEOUT_MS = 30_000
 """How long a store's own connection waits for another connection's write lock (both SQLite stores)."""
@@ -52,14 +52,6 @@ def open_database(
             raise
     connection.execute(f'PRAGMA synchronous={"FULL" if durable else "NORMAL"}')
     return connection
-
-
-class DatabaseLockedError(StepsError, sqlite3.OperationalError):
-    """A call waited the whole busy timeout for a write lock that another connection held.
-
-    A `sqlite3.OperationalError` too, so code that caught SQLite's own `database is locked` still
-    catches it; the original error is its `__cause__`.
-    """
 
 
 def raise_if_lock_timed_out(

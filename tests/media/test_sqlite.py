@@ -11,10 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from pydantic_ai_steps._sqlite import DatabaseLockedError
 from pydantic_ai_steps.media import MediaContext, MediaIntegrityError, SqliteMediaStore, media_uri_for
 from pydantic_ai_steps.media.stores import _sqlite_connection as sqlite_connection_module
-from pydantic_ai_steps.step_persistence import RunRecord, SqliteStepStore
+from pydantic_ai_steps.step_persistence import DatabaseLockedError, RunRecord, SqliteStepStore
 
 pytestmark = pytest.mark.anyio
 

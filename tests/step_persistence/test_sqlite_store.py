@@ -17,8 +17,8 @@ import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
 from pydantic_ai_steps._errors import NotAStoreError
-from pydantic_ai_steps._sqlite import DatabaseLockedError
 from pydantic_ai_steps.step_persistence import (
+    DatabaseLockedError,
     RunNotFoundError,
     RunRecord,
     SqliteStepStore,

@@ -10,12 +10,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._errors import (
+    DatabaseLockedError,
     EffectAlreadyResolvedError,
     InvalidRecordError,
     InvalidRunIdError,
+    NotAStoreError,
+    RecordTooLargeError,
     RunAlreadyExistsError,
     RunNotFoundError,
+    SchemaVersionError,
     StepsError,
+    StoreUnavailableError,
+    StoreUrlError,
 )
 from .._lazy import lazy_loader, star_exports
 from .._records import (
@@ -53,6 +59,7 @@ __getattr__ = lazy_loader(__name__, _LAZY)
 
 __all__ = [
     'ContinuableSnapshot',
+    'DatabaseLockedError',
     'EffectAlreadyResolvedError',
     'EffectResolution',
     'EventKind',
@@ -60,12 +67,15 @@ __all__ = [
     'InvalidRecordError',
     'InvalidRunIdError',
     'ManagedStepStore',
+    'NotAStoreError',
     'RecordBatchStore',
+    'RecordTooLargeError',
     'RunAlreadyExistsError',
     'RunNotFoundError',
     'RunQuery',
     'RunRecord',
     'RunStatus',
+    'SchemaVersionError',
     'SnapshotRef',
     'SnapshotSaved',
     'SnapshotState',
@@ -73,6 +83,8 @@ __all__ = [
     'StepPersistence',
     'StepStore',
     'StepsError',
+    'StoreUnavailableError',
+    'StoreUrlError',
     'ToolEffectRecord',
     'ToolEffectStatus',
     'annotate_tool_effect',
