@@ -3,6 +3,7 @@ garbage-collection listing and deletion, and upstream's one-row table."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -97,6 +98,26 @@ async def test_a_large_blob_is_stored_in_chunk_rows_and_checked_on_read(media: P
             await media.get(uri)
     finally:
         await conn.close()
+
+
+@pytest.mark.anyio
+async def test_first_puts_of_one_blob_at_once_never_mix_their_chunks(dsn: str, prefix: str) -> None:
+    """Two writers cut a payload at different `chunk_bytes` (a rolling upgrade that changed it, say):
+    whichever stores the blob's row stores all of its chunks, so the blob reads back whole."""
+    coarse = PostgresMediaStore(dsn=dsn, table=f'{prefix}_media')
+    fine = PostgresMediaStore(dsn=dsn, table=f'{prefix}_media')
+    coarse.chunk_bytes, fine.chunk_bytes = 4000, 1000
+    try:
+        await coarse.put(b'the tables exist')
+        for attempt in range(20):
+            data = bytes([attempt]) + bytes(range(256)) * 40  # 3 coarse chunks, 11 fine ones
+            first, second = (coarse, fine) if attempt % 2 else (fine, coarse)
+            uri, again = await asyncio.gather(first.put(data), second.put(data))
+            assert uri == again
+            assert await coarse.get(uri) == data, f'attempt {attempt}'
+    finally:
+        await coarse.aclose()
+        await fine.aclose()
 
 
 @pytest.mark.anyio

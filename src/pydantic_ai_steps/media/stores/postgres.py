@@ -5,10 +5,13 @@ plus `stored_at` (when the blob was last put, for garbage collection) and `chunk
 up to `chunk_bytes` (1 MiB) is one row, written by one `INSERT ... ON CONFLICT (sha256)` that only
 refreshes `stored_at` when the bytes are stored already, so the first put's media type and
 metadata win. A larger payload is written as `chunk_bytes` rows of `<table>_chunks`, one
-statement each, inside one transaction that adds the blob's row last (`chunks` = their count,
+statement each, inside one transaction that adds the blob's row first (`chunks` = their count,
 `bytes` empty): a blob is never bound whole into one statement, is not bounded by one `bytea`
-value, and a put that fails half-way leaves nothing. Before sending a large payload the store
-refreshes an existing row instead, so a repeat put sends no bytes. Rows with a NULL `chunks`
+value, and a put that fails half-way leaves nothing. The row comes first because it decides which
+writer's chunks are stored: two first puts of one blob at once wait on its key, and the second
+finds it taken and writes no chunk, so writers cut at different `chunk_bytes` never mix their
+rows. Before sending a large payload the store refreshes an existing row instead, so a repeat
+put sends no bytes. Rows with a NULL `chunks`
 (every row upstream wrote) hold their bytes inline and read as before.
 
 `get` checks what it read against the URI's digest and raises `MediaIntegrityError` (a
@@ -136,22 +139,25 @@ class PostgresMediaStore(AsyncClosing):
                 return  # stored already: no bytes sent
             view, step = memoryview(data), self.chunk_bytes
             async with conn.transaction():
-                for index, offset in enumerate(range(0, len(data), step)):
-                    await conn.execute(
-                        f'INSERT INTO {self._chunks} (sha256, idx, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING',
-                        digest,
-                        index,
-                        view[offset : offset + step].tobytes(),
-                    )
-                await conn.execute(
+                if not await conn.fetchval(
                     f'INSERT INTO {t} (sha256, media_type, bytes, size_bytes, metadata, chunks) '
-                    "VALUES ($1, $2, '\\x'::bytea, $3, $4, $5) ON CONFLICT (sha256) DO UPDATE SET stored_at = now()",
+                    "VALUES ($1, $2, '\\x'::bytea, $3, $4, $5) ON CONFLICT (sha256) DO NOTHING RETURNING 1",
                     digest,
                     context.media_type,
                     len(data),
                     metadata,
                     -(-len(data) // step),
-                )
+                ):
+                    await conn.execute(f'UPDATE {t} SET stored_at = now() WHERE sha256 = $1', digest)
+                    return  # another put stored it meanwhile, chunks and all
+                for index, offset in enumerate(range(0, len(data), step)):
+                    await conn.execute(
+                        f'INSERT INTO {self._chunks} (sha256, idx, data) VALUES ($1, $2, $3) '
+                        'ON CONFLICT (sha256, idx) DO UPDATE SET data = excluded.data',
+                        digest,
+                        index,
+                        view[offset : offset + step].tobytes(),
+                    )
 
         await self._connections.run(put, replay_safe=True)  # content-addressed: a second put changes nothing
         return uri_for_digest(digest)
@@ -172,7 +178,9 @@ class PostgresMediaStore(AsyncClosing):
                 raise ValueError(f'media row for {uri} has wrong types: bytes column holds {type(value).__name__}')
             if chunks is None:
                 return value, None, int(size) if isinstance(size, int) else len(value)
-            rows = await conn.fetch(f'SELECT data FROM {self._chunks} WHERE sha256 = $1 ORDER BY idx', digest)
+            rows = await conn.fetch(
+                f'SELECT data FROM {self._chunks} WHERE sha256 = $1 AND idx < $2 ORDER BY idx', digest, chunks
+            )
             parts = [part for (part,) in rows if isinstance(part, bytes)]
             return b''.join(parts), len(rows), int(size) if isinstance(size, int) else -1
 
