@@ -141,6 +141,10 @@ async def test_damaged_sidecar_is_a_clear_value_error(tmp_path: Path) -> None:
     (tmp_path / (uri[-64:] + '.bin.meta.json')).write_text('{"a": 1}')
     with pytest.raises(ValueError, match='metadata entries must map str to str'):
         await store.get_metadata(uri)
+    (tmp_path / (uri[-64:] + '.bin.meta.json')).write_text('{"a": ["%s"]}' % ('x' * 100_000))
+    with pytest.raises(ValueError, match='metadata entries must map str to str') as raised:
+        await store.get_metadata(uri)
+    assert len(str(raised.value)) < 1000  # a damaged value is quoted by its start, end and length
 
 
 async def test_public_url_uses_the_resolver(tmp_path: Path) -> None:

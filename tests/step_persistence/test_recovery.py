@@ -182,3 +182,6 @@ async def test_recovery_helpers_name_an_argument_of_the_wrong_type() -> None:
         await fork_run(store, run_id='r', new_conversation=cast(Any, 'no'))
     with pytest.raises(ValueError, match="include_interrupted must be True or False, got 'yes'"):
         await continue_run(store, run_id='r', include_interrupted=cast(Any, 'yes'))
+    with pytest.raises(ValueError, match=r'got \[0, 0, .*\(list of 300000 characters\)$') as raised:
+        await continue_run(store, run_id=cast(Any, [0] * 100_000))
+    assert len(str(raised.value)) < 400  # the value's start, end and length, not all of it

@@ -7,8 +7,9 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
+from .._errors import shortened
 from ._context import EMPTY_CONTEXT, MediaContext
 from ._uri import parse_media_uri, uri_for_digest
 
@@ -103,10 +104,11 @@ def decode_metadata(raw: object) -> dict[str, str]:
     value: object = json.loads(raw) if isinstance(raw, str | bytes) else raw
     if not isinstance(value, dict):
         raise ValueError(f'metadata payload must be a JSON object, got {type(value).__name__}')
+    entries = cast(dict[object, object], value)
     result: dict[str, str] = {}
-    for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
+    for key, item in entries.items():
         if not isinstance(key, str) or not isinstance(item, str):
-            raise ValueError(f'metadata entries must map str to str, got {key!r}: {item!r}')
+            raise ValueError(f'metadata entries must map str to str, got {shortened(key)}: {shortened(item)}')
         result[key] = item
     return result
 

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.run import AgentRunResult
 
-from .._errors import check_bool
+from .._errors import check_bool, shortened
 from .._records import ContinuableSnapshot, RunRecord, SnapshotRef, ToolEffectRecord
 from ..capability._histories import remember_origin
 from ..store.protocol import StepStore
@@ -137,7 +137,7 @@ async def continue_conversation(
 
 def _check_id(value: object, name: str) -> None:
     if not isinstance(value, str) or not value:
-        raise ValueError(f'{name} must be a non-empty string, got {value!r}')
+        raise ValueError(f'{name} must be a non-empty string, got {shortened(value)}')
 
 
 async def _latest(store: StepStore, run_id: str, include_interrupted: bool) -> ContinuableSnapshot:

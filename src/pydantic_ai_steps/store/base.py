@@ -22,6 +22,7 @@ from .._errors import (
     check_max_snapshots,
     check_optional_text,
     check_threshold,
+    shortened,
 )
 from .._records import (
     CLOSING_EVENTS,
@@ -308,7 +309,7 @@ class StepStoreBase(Reads, Maintenance, AsyncClosing):
         late `completed` write keeps its status and of two resolutions racing, the second is refused.
         """
         if outcome not in EFFECT_RESOLUTIONS:
-            raise ValueError(f'outcome must be one of {sorted(EFFECT_RESOLUTIONS)}, got {outcome!r}')
+            raise ValueError(f'outcome must be one of {sorted(EFFECT_RESOLUTIONS)}, got {shortened(outcome)}')
         check_optional_text(by, 'by')
         check_optional_text(note, 'note')
         check_bool(replace, 'replace')

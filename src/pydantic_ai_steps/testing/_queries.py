@@ -131,6 +131,8 @@ class QueryConformance:
             await store.resolve_tool_effect(run_id=run_id, tool_call_id='nope', outcome='not_done')
         with pytest.raises(ValueError, match='outcome'):
             await store.resolve_tool_effect(run_id=run_id, tool_call_id='c3', outcome='maybe')  # pyright: ignore[reportArgumentType]
+        with pytest.raises(ValueError, match=r'\(100000 characters\)$'):  # quoted by its start, end and length
+            await store.resolve_tool_effect(run_id=run_id, tool_call_id='c3', outcome='x' * 100_000)  # pyright: ignore[reportArgumentType]
         for by, note in (('ops\ud800', None), (None, 'seen \udcff')):  # what `surrogateescape` decoding leaves
             with pytest.raises(InvalidRecordError, match=r'(by|note) is not valid Unicode text: a lone surrogate'):
                 await store.resolve_tool_effect(run_id=run_id, tool_call_id='c3', outcome='done', by=by, note=note)
