@@ -16,12 +16,15 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from pydantic_ai_steps import _files
 from tests.servers.restart import PrivateMongoDB, PrivatePostgres
 
 
@@ -141,3 +144,15 @@ def plant_fifo() -> Iterator[Callable[[Path], None]]:
     done.set()
     watchdog.join()
     assert not released, f'waited to read the FIFO at {released[0]}'
+
+
+@pytest.fixture
+def an_hour_later(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Move the clock the tidying of temporary files reads past `_files.STALE_TEMP_SECONDS`: what
+    a killed process left until now is old to it."""
+
+    def later() -> None:
+        offset = _files.STALE_TEMP_SECONDS + 1
+        monkeypatch.setattr(_files, 'time', SimpleNamespace(time=lambda: time.time() + offset))
+
+    return later

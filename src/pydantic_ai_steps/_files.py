@@ -7,12 +7,17 @@ import os
 import re
 import stat
 import sys
+import time
 from pathlib import Path
 from typing import cast
 
 _NONBLOCK = getattr(os, 'O_NONBLOCK', 0)
 _OPEN_FLAGS = getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0) | _NONBLOCK
 """Never through a link, never waiting on a FIFO (see `open_regular`)."""
+
+STALE_TEMP_SECONDS = 3600
+"""A temporary file unchanged this long was left by a killed process: a writer holds one only for a
+write and a rename (`is_stale_temp`)."""
 
 _euid: int | None = None
 """This process's effective user id, as last asked (see `_is_own`)."""
@@ -135,6 +140,13 @@ def _is_own(uid: int) -> bool:
         return True
     _euid = os.geteuid()
     return uid == _euid
+
+
+def is_stale_temp(info: os.stat_result) -> bool:
+    """Whether a temporary file (`info` its `lstat`) is old enough to tidy: unchanged for
+    `STALE_TEMP_SECONDS` by its mtime (its last write) and its status-change time (a rename or a
+    link sets that one), so no live writer can still be about to move it into place."""
+    return time.time() - max(info.st_mtime, info.st_ctime) >= STALE_TEMP_SECONDS
 
 
 def fsync_dir(path: Path) -> None:

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import base64
 import os
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from pydantic_ai_steps._files import fsync_dir
 from pydantic_ai_steps.media import DiskMediaStore, KeyStrategy, MediaContext, default_key_strategy, media_uri_for
-from pydantic_ai_steps.media.stores import _disk_files, disk
+from pydantic_ai_steps.media.stores import disk
 from pydantic_ai_steps.store import CollectableMediaStore
 
 pytestmark = pytest.mark.anyio
@@ -318,17 +316,6 @@ def killed_deleting(blob: Path) -> Path:
     doomed = blob.with_name(f'gc-{uuid.uuid4().hex}.tmp')
     os.rename(blob, doomed)
     return doomed
-
-
-@pytest.fixture
-def an_hour_later(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
-    """Move the clock the tidying reads past `STALE_TEMP_SECONDS`: what was left now is old to it."""
-
-    def later() -> None:
-        offset = _disk_files.STALE_TEMP_SECONDS + 1
-        monkeypatch.setattr(_disk_files, 'time', SimpleNamespace(time=lambda: time.time() + offset))
-
-    return later
 
 
 @pytest.mark.parametrize('key_strategy', [default_key_strategy, fanned_out], ids=['flat', 'fanned-out'])

@@ -9,12 +9,10 @@ import os
 import shutil
 import sqlite3
 import stat
-import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from pydantic_ai import Agent
@@ -23,7 +21,6 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, Tool
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps._errors import shortened
 from pydantic_ai_steps.media import DiskMediaStore, SqliteMediaStore
-from pydantic_ai_steps.media.stores import _disk_files
 from pydantic_ai_steps.step_persistence import (
     FileStepStore,
     InMemoryStepStore,
@@ -476,7 +473,7 @@ async def test_a_collection_that_fails_partway_leaves_no_writer_trusting_what_it
 
 
 async def test_a_referenced_image_a_killed_collection_left_aside_is_put_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, an_hour_later: Callable[[], None]
 ) -> None:
     """A collection killed between renaming a blob aside and deciding about it left the only copy
     under a temporary name: a collection an hour later puts it back, and the snapshot reads."""
@@ -486,8 +483,7 @@ async def test_a_referenced_image_a_killed_collection_left_aside_is_put_back(
     await store.save_snapshot(snap('r', image))
     (blob,) = (tmp_path / 'media').glob('*.bin')
     os.rename(blob, blob.with_name(f'gc-{uuid.uuid4().hex}.tmp'))
-    later = time.time() + _disk_files.STALE_TEMP_SECONDS + 1
-    monkeypatch.setattr(_disk_files, 'time', SimpleNamespace(time=lambda: later))
+    an_hour_later()
     planned = await store.collect_garbage(grace=timedelta(0), writers_stopped=True, dry_run=True)
     assert planned.blobs == [] and not blob.exists()  # a dry run only looks
     assert (await store.collect_garbage(grace=timedelta(0), writers_stopped=True)).blobs == []

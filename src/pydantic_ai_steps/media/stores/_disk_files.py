@@ -10,12 +10,11 @@ import logging
 import os
 import re
 import stat
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from ..._files import UnsafeEntryError, check_entry, fsync_dir, open_regular
+from ..._files import UnsafeEntryError, check_entry, fsync_dir, is_stale_temp, open_regular
 from .._uri import uri_for_digest
 from ._disk_keys import SIDECAR_SUFFIX
 
@@ -25,9 +24,6 @@ FILE_MODE = 0o600
 _UTIME_FOLLOWS_LINKS = os.utime not in os.supports_follow_symlinks
 TEMP_NAME = re.compile(r'(?:put|gc)-[0-9a-f]{32}\.tmp')
 """Temporary files of puts, and blobs `delete` is about to remove (`gc-<32 hex>.tmp`): never listed."""
-STALE_TEMP_SECONDS = 3600
-"""A temporary file unchanged this long was left by a killed process: a put or a delete holds one
-only for a write and a rename."""
 
 
 def temp_name(kind: str) -> str:
@@ -123,7 +119,7 @@ def write_new_file(path: Path, payload: bytes, durable: bool) -> None:
 
 
 def tidy_leftover(path: str, info: os.stat_result, blob_for: Callable[[str], Path], durable: bool) -> None:
-    """Finish with a temporary file (`info` its `lstat`) once it is `STALE_TEMP_SECONDS` old.
+    """Finish with a temporary file (`info` its `lstat`) once it is stale (`_files.is_stale_temp`: an hour old).
 
     Its age is from its status-change time, which the rename into a `gc-` name sets (the mtime is
     the blob's last put). A put's file is removed: the put never returned its URI. A delete's
@@ -134,7 +130,7 @@ def tidy_leftover(path: str, info: os.stat_result, blob_for: Callable[[str], Pat
     they hash to, a blob nothing references, for a later collection. One whose blob the key
     strategy keeps in another folder (it changed since) is left, with a warning.
     """
-    if time.time() - max(info.st_mtime, info.st_ctime) < STALE_TEMP_SECONDS:
+    if not is_stale_temp(info):
         return  # a put or delete may be using it right now
     try:
         if os.path.basename(path).startswith('put-'):
