@@ -1,6 +1,7 @@
 """The store kernel, for those who write a backend of their own (see `docs/backends.md`).
 
-- `Backend` (in `store.backend`): the storage primitives a backend implements, with its data types.
+- `Backend` (in `store.backend`): the storage primitives a backend implements, with its data types;
+  `TidiesLeftovers`, for one whose killed writes can leave something behind.
 - `StepStoreBase`: every public store method on top of a `Backend`.
 - `Encoding`: how a backend wants values represented in its rows.
 - `open_step_store` / `register_scheme`: stores from URLs.
@@ -23,6 +24,7 @@ from .backend import (
     Row,
     SnapshotRow,
     SnapshotWrite,
+    TidiesLeftovers,
     WriteBatch,
     resolved_effect,
     upserted_effect,
@@ -60,6 +62,7 @@ __all__ = [
     'StoreLocation',
     'StoreScheme',
     'StoreUrlError',
+    'TidiesLeftovers',
     'WriteBatch',
     'open_step_store',
     'register_scheme',

@@ -298,6 +298,15 @@ class Backend(Protocol):
         ...
 
 
+@runtime_checkable
+class TidiesLeftovers(Protocol):
+    """A backend whose writes can leave something behind when their process is killed midway (the
+    File store's temporary files). Whole-store maintenance (`prune`, `collect_garbage`, never a dry
+    run) asks it to remove what no reader or live writer can still need."""
+
+    async def tidy_leftovers(self) -> None: ...
+
+
 def upserted_effect(row: Row, stored: Row | None) -> Row:
     """What an effect upsert leaves for a backend that keeps whole rows (a dict, a JSON line): `row`,
     with the resolution fields of the entry already `stored`, if any."""

@@ -8,6 +8,8 @@ Mixed into `StepStoreBase`, so every backend has it. The rules:
   stay unless `include_delegates=True`.
 - `prune` removes whole runs by the age of their last activity: a closed run by its closing event,
   an unfinished one by its newest event. Events inside a kept run are never trimmed.
+- `prune` and `collect_garbage` (never a dry run) also tidy what writes killed midway left, where a
+  backend can (`TidiesLeftovers`: the File store's stale temporary files).
 - Media garbage collection removes a blob only when no stored text references it and nothing has
   put it for `grace` (an hour by default), checked again just before the blob is deleted. Writers
   put a blob before they reference it and re-put (refresh) anything they last put more than five
@@ -30,7 +32,7 @@ from ..media._protocol import MediaStore
 from ..media._uri import MEDIA_URI_PREFIX
 from . import codec
 from ._media_puts import BLOB_MEMO_SECONDS, forget_collected
-from .backend import Backend, Damaged
+from .backend import Backend, Damaged, TidiesLeftovers
 from .log_entries import LogEntry
 from .message_log import MessageLog
 from .patch import is_patch, patch_base_index
@@ -167,6 +169,7 @@ class Maintenance:
         run_ids = list(doomed)
         if not dry_run:
             run_ids = await self._delete(run_ids)
+            await self._tidy_leftovers()
         return PruneResult(run_ids=run_ids, dry_run=dry_run, cutoff=cutoff)
 
     async def compact_run(self, run_id: str) -> int:
@@ -256,6 +259,7 @@ class Maintenance:
                 forget_collected(removed if deleting is None else [*removed, deleting])
         if not dry_run:
             await self._backend.reclaim_space()
+            await self._tidy_leftovers()
         kept = sum(1 for blob in candidates if blob.uri in referenced)
         return GarbageResult(blobs=removed, bytes=size, kept_referenced=kept, kept_recent=recent, dry_run=dry_run)
 
@@ -269,6 +273,12 @@ class Maintenance:
         if removed:
             await self._backend.reclaim_space()
         return removed
+
+    async def _tidy_leftovers(self) -> None:
+        """Here, not in `delete_run`: looking at every run folder is a whole-store job, for the
+        maintenance a deployment schedules, not for a call that removes one run."""
+        if isinstance(self._backend, TidiesLeftovers):
+            await self._backend.tidy_leftovers()
 
     async def _with_delegates(self, run_ids: Iterable[str], include: bool) -> list[str]:
         ordered = dict.fromkeys(run_ids)

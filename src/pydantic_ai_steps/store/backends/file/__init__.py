@@ -57,7 +57,8 @@ class FileStepStore(StepStoreBase):
 
     - *A process crash* (exception, `SIGKILL`, OOM kill) loses nothing a store call had returned
       from: every write is in the operating system's cache the moment the call returns. A call cut
-      short leaves at most a torn last line or a stray temporary file, which readers skip.
+      short leaves at most a torn last line or a stray temporary file, which readers skip;
+      `prune` and `collect_garbage` remove such a file once it is an hour old.
     - *Power loss or a kernel crash* with `durable=False` (the default) can lose the writes of
       the last few seconds, and the file system may keep some of them but not others. Readers still
       never raise: a snapshot whose messages did not all reach the disk is skipped for an older

@@ -49,7 +49,7 @@ from ._io import (
 )
 from ._paths import registered_id, run_dir
 from ._reads import FileReads, texts_in_folder
-from ._removal import remove_run_folders, remove_snapshot_files, rewrite_log_without
+from ._removal import remove_run_folders, remove_snapshot_files, rewrite_log_without, tidy_leftovers
 from ._state import RunPaths, RunState
 
 _R = TypeVar('_R')
@@ -287,6 +287,10 @@ class FileBackend:
 
     async def reclaim_space(self) -> None:
         return None  # deleted folders and files give their space back at once
+
+    async def tidy_leftovers(self) -> None:
+        """Remove the temporary files and trash that writes and deletions killed midway left (`_removal`)."""
+        await run_blocking(tidy_leftovers, self._root)
 
     # --- reads ------------------------------------------------------------------------------
 

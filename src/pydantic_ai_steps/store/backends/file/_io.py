@@ -14,6 +14,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Generator
@@ -30,6 +31,8 @@ logger = logging.getLogger('pydantic_ai_steps.file_store')
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+TEMP_NAME = re.compile(r'.+\.[0-9a-f]{32}\.tmp')
+"""A write's temporary file beside its target (`temp_path`): never read, tidied once stale (`_removal`)."""
 
 if sys.platform != 'win32':
     import fcntl
@@ -136,13 +139,18 @@ def replace_file(target: Path, data: bytes, durable: bool) -> None:
 @contextmanager
 def _temporary(target: Path, data: bytes, durable: bool) -> Generator[Path]:
     """`data` in a fresh temporary file beside `target`, removed afterwards unless moved into place."""
-    temp = target.with_name(f'{target.name}.{uuid.uuid4().hex}.tmp')
+    temp = temp_path(target)
     try:
         _write_new(temp, data, durable)
         yield temp
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
+
+
+def temp_path(target: Path) -> Path:
+    """A fresh name matching `TEMP_NAME` beside `target`: `<target name>.<32 hex>.tmp`."""
+    return target.with_name(f'{target.name}.{uuid.uuid4().hex}.tmp')
 
 
 def _write_new(path: Path, data: bytes, durable: bool) -> None:

@@ -1,7 +1,9 @@
-"""What the File backend removes: run folders (through the trash), snapshot files, log entries.
+"""What the File backend removes: run folders (through the trash), snapshot files, log entries,
+and what killed writes left.
 
 A run folder leaves the store in one rename into `_index/trash`, so a reader never sees half a
-run; the removal of the moved folder may be cut short by a crash, and the next deletion clears it.
+run; the removal of the moved folder may be cut short by a crash, and the next deletion, or the
+next tidying of leftovers, clears it.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ...._files import UnsafeEntryError, check_directory, ensure_directory, fsync_dir
-from ._io import append_locked, json_object, line, logger, read_lines, replace_file
-from ._paths import INDEX_DIR, TRASH_DIR, registered_id, run_dir
+from ...._files import UnsafeEntryError, check_directory, check_entry, ensure_directory, fsync_dir, is_stale_temp
+from ._io import TEMP_NAME, append_locked, json_object, line, logger, read_lines, replace_file
+from ._paths import INDEX_DIR, SNAPSHOTS_DIR, TRASH_DIR, is_run_dir_name, registered_id, run_dir
 from ._state import LOG_PREFIX, REMOVED_PREFIX, RunState
 
 
@@ -64,6 +66,12 @@ def _emptied_trash(root: Path) -> Path:
     ensure_directory(root / INDEX_DIR, 'index folder')
     trash = root / INDEX_DIR / TRASH_DIR
     ensure_directory(trash, 'trash folder')
+    _empty(trash)
+    return trash
+
+
+def _empty(trash: Path) -> None:
+    """Remove what the trash holds: folders already out of the store, which nothing reads."""
     with os.scandir(trash) as entries:
         leftovers = list(entries)
     for entry in leftovers:
@@ -72,7 +80,60 @@ def _emptied_trash(root: Path) -> Path:
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
-    return trash
+
+
+def tidy_leftovers(root: Path) -> None:
+    """Remove what writes killed midway left: stale temporary files, and folders in the trash.
+
+    Nothing stored or still in use goes. A temporary file (`TEMP_NAME`) has a fresh name of its
+    own, which its writer moves into place (rename, or hard link then unlink) right after writing
+    it, and no reader opens one; unchanged for an hour (`is_stale_temp`), it belongs to a writer
+    that died, so no live writer can still move it. One a hard link had already placed is a second
+    name of a stored file, which keeps its own. Only the folders writes use are looked at (the
+    index folder and each run folder with its snapshots), never through a link, and only regular
+    files of this user are removed. The trash holds folders already moved out of the store.
+    """
+    index = root / INDEX_DIR
+    folders = [index]
+    try:
+        entries = list(os.scandir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        if is_run_dir_name(entry.name) and entry.is_dir(follow_symlinks=False):
+            folders += [Path(entry.path), Path(entry.path, SNAPSHOTS_DIR)]
+    for folder in folders:
+        _remove_stale_temporaries(folder)
+    trash = index / TRASH_DIR
+    try:
+        if check_directory(index, 'index folder') and check_directory(trash, 'trash folder'):
+            _empty(trash)
+    except UnsafeEntryError as error:
+        logger.warning('not tidying %s', error)
+
+
+def _remove_stale_temporaries(folder: Path) -> None:
+    try:
+        if not check_directory(folder, 'folder'):
+            return
+        entries = list(os.scandir(folder))
+    except UnsafeEntryError as error:
+        logger.warning('not tidying %s', error)
+        return
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        if not TEMP_NAME.fullmatch(entry.name):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            check_entry(info, entry.path, 'temporary file', directory=False)
+            if is_stale_temp(info):
+                os.unlink(entry.path)
+        except (FileNotFoundError, UnsafeEntryError):
+            continue  # gone meanwhile, or not a file this store wrote: left alone
+        except OSError as error:
+            logger.warning('leaving %s, which a write cut short left: %s', entry.path, error)
 
 
 def remove_snapshot_files(state: RunState, seqs: Sequence[int]) -> None:
