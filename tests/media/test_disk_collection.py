@@ -91,12 +91,19 @@ async def test_a_key_strategy_with_the_digest_in_subdirectories(tmp_path: Path) 
     assert not (tmp_path / fanned_out(gone, MediaContext())).exists()
 
 
-async def test_a_key_strategy_spelling_a_path_unusually_still_finds_its_files(tmp_path: Path) -> None:
-    store = DiskMediaStore(tmp_path, key_strategy=lambda uri, context: f'./x//{digest(uri)}.bin')
+@pytest.mark.parametrize('directory', ['absolute', 'relative'])
+async def test_a_key_strategy_spelling_a_path_unusually_still_finds_its_files(
+    tmp_path: Path, directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing walks absolute paths: a store built with a relative directory finds its files too."""
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path if directory == 'absolute' else Path('.')
+    store = DiskMediaStore(root, key_strategy=lambda uri, context: f'./x//{digest(uri)}.bin')
     uri = await store.put(b'spelled oddly')
     assert files(tmp_path) == [f'x/{digest(uri)}.bin']
     assert await listed(store) == {uri: 13}
-    assert await store.delete(uri) is True
+    assert await store.delete(uri, stored_before=datetime.now(UTC) + timedelta(minutes=1)) is True
+    assert files(tmp_path) == []
 
 
 async def test_a_key_strategy_without_the_digest_hashes_the_files_to_find_their_uris(tmp_path: Path) -> None:

@@ -299,11 +299,15 @@ class DiskMediaStore(AsyncClosing):
         return uri if self._addresses(uri, path, key) else None
 
     def _addresses(self, uri: str, path: str, key: str) -> bool:
-        """Whether `uri`'s key, with an empty context, is the file at `path` (whose relative key is `key`)."""
+        """Whether `uri`'s key, with an empty context, is the file at `path` (whose relative key is `key`).
+
+        Compared under the store's own directory, not against `path`: the walk's paths are absolute,
+        and the directory may be relative (and mean another place once the working directory changes).
+        """
         if self._key_strategy(uri, EMPTY_CONTEXT) == key and fits(path):
             return True  # the usual case, without the cost of parsing paths
         try:
-            return self._path(uri, EMPTY_CONTEXT) == Path(path)
+            return self._path(uri, EMPTY_CONTEXT) == self._root / key
         except ValueError:  # a key this store refuses: no blob can be stored under it
             return False
 
