@@ -14,7 +14,7 @@ import pytest
 
 from pydantic_ai_steps._files import fsync_dir
 from pydantic_ai_steps.media import DiskMediaStore, KeyStrategy, MediaContext, default_key_strategy, media_uri_for
-from pydantic_ai_steps.media.stores import disk
+from pydantic_ai_steps.media.stores import _disk_files, disk
 from pydantic_ai_steps.store import CollectableMediaStore
 
 pytestmark = pytest.mark.anyio
@@ -405,3 +405,58 @@ async def test_a_put_killed_before_its_rename_leaves_a_file_removed_after_an_hou
     await store.prepare_collection()
     assert await listed(store) == {uri: 4}
     assert files(tmp_path) == [fanned_out(uri, MediaContext())]
+
+
+def killed_before_its_sidecar(blob: Path) -> None:
+    """What a delete leaves when its process dies between removing the blob and its sidecar."""
+    blob.unlink()
+
+
+@pytest.mark.parametrize('key_strategy', [default_key_strategy, fanned_out], ids=['flat', 'fanned-out'])
+async def test_a_sidecar_a_killed_delete_left_goes_at_the_next_collection(
+    tmp_path: Path, key_strategy: KeyStrategy
+) -> None:
+    """Left, it would be read as the metadata of the same bytes put again without any."""
+    store = DiskMediaStore(tmp_path, key_strategy=key_strategy)
+    uri = await store.put(b'deleted', context=MediaContext(metadata={'k': 'v'}))
+    kept = await store.put(b'kept', context=MediaContext(metadata={'k': 'kept'}))
+    blob = tmp_path / key_strategy(uri, MediaContext())
+    killed_before_its_sidecar(blob)
+    assert await listed(store) == {kept: 4}  # a listing (a dry run's) writes nothing
+    assert disk.sidecar(blob).exists()
+    await store.prepare_collection()
+    assert files(tmp_path) == sorted([key := key_strategy(kept, MediaContext()), key + disk.SIDECAR_SUFFIX])
+    await store.put(b'deleted')
+    assert await store.get_metadata(uri) == {} and await store.get_metadata(kept) == {'k': 'kept'}
+
+
+async def test_a_sidecar_whose_blob_a_delete_holds_aside_or_a_put_brings_back_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete with a cutoff may put its blob back, and a put may write it meanwhile: the sidecar
+    is for that blob then. Files that are no sidecar of a blob of the store are left alone."""
+    store = DiskMediaStore(tmp_path)
+    aside = await store.put(b'held aside', context=MediaContext(metadata={'k': 'aside'}))
+    doomed = killed_deleting(tmp_path / f'{digest(aside)}.bin')  # fresh: a running delete's
+    (tmp_path / f'notes{disk.SIDECAR_SUFFIX}').write_bytes(b'{}')
+    await store.prepare_collection()
+    os.rename(doomed, tmp_path / f'{digest(aside)}.bin')  # the delete found it put since
+    assert await store.get_metadata(aside) == {'k': 'aside'}
+    assert (tmp_path / f'notes{disk.SIDECAR_SUFFIX}').exists()
+
+    racing = await store.put(b'put again', context=MediaContext(metadata={'k': 'racing'}))
+    blob = tmp_path / f'{digest(racing)}.bin'
+    killed_before_its_sidecar(blob)
+    fresh_name = _disk_files.temp_name
+
+    def a_put_lands(kind: str) -> str:  # right after the collection found the blob absent
+        blob.write_bytes(b'put again')
+        return fresh_name(kind)
+
+    monkeypatch.setattr(_disk_files, 'temp_name', a_put_lands)
+    await store.prepare_collection()
+    assert await store.get_metadata(racing) == {'k': 'racing'}
+    assert files(tmp_path) == sorted(
+        [f'{digest(uri)}.bin{suffix}' for uri in (aside, racing) for suffix in ('', disk.SIDECAR_SUFFIX)]
+        + [f'notes{disk.SIDECAR_SUFFIX}']
+    )

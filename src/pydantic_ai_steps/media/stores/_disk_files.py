@@ -23,6 +23,7 @@ logger = logging.getLogger('pydantic_ai_steps.media')
 FILE_MODE = 0o600
 _UTIME_FOLLOWS_LINKS = os.utime not in os.supports_follow_symlinks
 TEMP_NAME = re.compile(r'(?:put|gc)-[0-9a-f]{32}\.tmp')
+_DELETING = re.compile(r'gc-[0-9a-f]{32}\.tmp')
 """Temporary files of puts, and blobs `delete` is about to remove (`gc-<32 hex>.tmp`): never listed."""
 
 
@@ -154,6 +155,50 @@ def tidy_leftover(path: str, info: os.stat_result, blob_for: Callable[[str], Pat
         return
     except OSError as error:
         logger.warning('leaving %s, which a put or deletion cut short left: %s', path, error)
+
+
+def tidy_sidecar(path: str, blob: str, durable: bool) -> None:
+    """Remove the sidecar at `path` if its blob is not there: a delete killed between removing a
+    blob and its sidecar left it, and a later put of those bytes without metadata would read it.
+
+    The sidecar is first renamed aside (a `put-` name, removed by a later collection if this process
+    dies now); then the blob is looked for again, and so is a deletion's `gc-` file in the folder,
+    which may be this blob held aside by a delete about to put it back. If either is there, the
+    sidecar goes back under its name, unless a put wrote a new one meanwhile (`link` refuses to
+    replace it): so a sidecar goes only while its blob is absent and no deletion may restore it.
+    """
+    if os.path.lexists(blob):
+        return
+    folder = os.path.dirname(path)
+    aside = os.path.join(folder, temp_name('put'))
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:  # removed by a delete or another collection meanwhile
+        return
+    try:
+        if os.path.lexists(blob) or _holds_deletion(folder) or os.path.lexists(blob):
+            _put_back(aside, path, durable)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
+
+
+def _holds_deletion(folder: str) -> bool:
+    with os.scandir(folder) as entries:
+        return any(_DELETING.fullmatch(entry.name) for entry in entries)
+
+
+def _put_back(aside: str, path: str, durable: bool) -> None:
+    try:
+        os.link(aside, path, follow_symlinks=False)
+    except FileExistsError:  # a put wrote the blob's sidecar anew: its own stands
+        return
+    except OSError:  # a file system without hard links
+        if os.path.lexists(path):
+            return
+        os.rename(aside, path)
+    if durable:
+        fsync_dir(Path(path).parent)
 
 
 def _blob_held(path: str, blob_for: Callable[[str], Path]) -> Path | None:

@@ -34,7 +34,8 @@ A process killed inside a put or a delete leaves its temporary file. A collectio
 run: `prepare_collection`) tidies one an hour after its last change (`_disk_files.tidy_leftover`),
 never sooner, since a running put or delete may hold it: a put's is removed, a delete's is put
 back under its blob's name (it may hold a blob a writer put again meanwhile, still referenced),
-or removed if a whole copy is there.
+or removed if a whole copy is there. A delete killed between removing a blob and its sidecar leaves
+the sidecar: a collection removes it while its blob is absent (`_disk_files.tidy_sidecar`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ from ._disk_files import (
     sidecar,
     temp_name,
     tidy_leftover,
+    tidy_sidecar,
     write_atomic,
     write_new_file,
 )
@@ -275,10 +277,14 @@ class DiskMediaStore(AsyncClosing):
                 yield BlobInfo(uri=uri, size=info.st_size, stored_at=utc_from_timestamp(info.st_mtime))
 
     def _tidy(self) -> None:
-        """Tidy the temporary files killed puts and deletes left (see the module notes)."""
-        for path, _, info in _files(self._root):
+        """Tidy the temporary files and sidecars killed puts and deletes left (see the module notes)."""
+        for path, key, info in _files(self._root, sidecars=True):
             if TEMP_NAME.fullmatch(os.path.basename(path)):
                 tidy_leftover(path, info, lambda uri: self._path(uri, EMPTY_CONTEXT), self.durable)
+            elif key.endswith(SIDECAR_SUFFIX):
+                blob, blob_key = path.removesuffix(SIDECAR_SUFFIX), key.removesuffix(SIDECAR_SUFFIX)
+                if any(self._addresses(uri, blob, blob_key) for uri in uris_named_in_key(blob_key)):
+                    tidy_sidecar(path, blob, self.durable)  # the sidecar of a blob of this store
 
     def _uri_of(self, path: str, key: str) -> str | None:
         """The URI whose key (with an empty context) is `key`, the file's path relative to the root.
@@ -396,10 +402,10 @@ def _next_batch(blobs: Iterator[BlobInfo]) -> list[BlobInfo]:
     return [blob for _, blob in zip(range(_LIST_BATCH), blobs, strict=False)]
 
 
-def _files(root: Path) -> Generator[tuple[str, str, os.stat_result]]:
-    """`(path, path relative to root, lstat)` of every regular file under `root` but sidecars, depth
-    first, never into a symbolic link or a folder `check_directory` refuses (skipped with a warning);
-    what vanishes during the walk is skipped."""
+def _files(root: Path, *, sidecars: bool = False) -> Generator[tuple[str, str, os.stat_result]]:
+    """`(path, path relative to root, lstat)` of every regular file under `root` (sidecars only if
+    asked), depth first, never into a symbolic link or a folder `check_directory` refuses (skipped
+    with a warning); what vanishes during the walk is skipped."""
     pending = [(os.path.abspath(root), '')]  # a directory, and its path relative to the root ('a/b/')
     while pending:
         directory, relative = pending.pop()
@@ -417,7 +423,7 @@ def _files(root: Path) -> Generator[tuple[str, str, os.stat_result]]:
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         pending.append((entry.path, f'{relative}{entry.name}/'))
-                    elif entry.is_file(follow_symlinks=False) and not entry.name.endswith(SIDECAR_SUFFIX):
+                    elif entry.is_file(follow_symlinks=False) and (sidecars or not entry.name.endswith(SIDECAR_SUFFIX)):
                         yield entry.path, relative + entry.name, entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
