@@ -346,9 +346,7 @@ async def check_run(plan: Scenario, store: StepStore, run_id: str, outcome: Outc
             assert without_stamps(dump(stored)) == without_stamps(dump(outcome.messages))
         else:
             assert dump(stored) == dump(outcome.messages)
-    elif outcome.status == 'failed' and plan.mode != 'stream':
-        # Not under run_stream: pydantic-ai runs no node hook after the response that ends the
-        # stream, so a run failing after it (its output refused) is saved without that response.
+    elif outcome.status == 'failed':
         assert dump(snapshots[-1].messages) == dump(outcome.messages)
     return (
         outcome.status,

@@ -13,7 +13,8 @@ process with other step-persistence implementations).
   the run had when it failed: the context given to `on_run_error` (and to the hooks around the
   first node) still points at the list the run was given, which the graph replaces with the
   working list as it builds the first request. So it is not taken there: a run that fails in its
-  first request leaves its input, not a copy of the history it was given.
+  first request leaves its input, not a copy of the history it was given (plus the response that
+  request got, when the run fails after it without a node hook: `Snapshots.at_failure`).
 """
 
 from __future__ import annotations

@@ -243,13 +243,10 @@ class StepPersistence(StoreOperations[AgentDepsT]):
             raise error  # nothing was written (a refused or failed registration): nothing to close
         await self._snapshots.save_input(ctx)
         await self._snapshots.write_final_boundary(ctx)
-        stashed = _context.live_history.get()
-        if stashed is not None:
-            live, step = stashed
-            captured = list(live)
-            has_response = any(isinstance(message, ModelResponse) for message in captured)
-            if has_response or (self.capture_frontier and captured):
-                await self._snapshots.save(ctx, captured, step)
+        live = _context.live_history.get()
+        failure = self._snapshots.at_failure(live, self._last_request_step, frontier=self.capture_frontier)
+        if failure is not None:
+            await self._snapshots.save(ctx, *failure)
         await self._record(ctx, 'run_failed', error=repr(error))
         raise error
 
@@ -263,6 +260,7 @@ class StepPersistence(StoreOperations[AgentDepsT]):
             await self._snapshots.save(ctx, list(ctx.messages), ctx.run_step)
         elif self._last_request_step is None:
             self._snapshots.input = (list(ctx.messages), ctx.run_step)
+            self._snapshots.working = ctx.messages
         self._last_request_step = ctx.run_step
         output_tools = request_context.model_request_parameters.output_tools
         if output_tools:

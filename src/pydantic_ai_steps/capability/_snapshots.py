@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic_ai.messages import ModelMessage
+from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.tools import RunContext
 
 from .._records import SnapshotState
@@ -37,6 +37,8 @@ class Snapshots:
         """The history of the run's first model request, until a write it can go with (see the module docs)."""
         self.final_boundary: Point | None = None
         """The run's last boundary, written with `run_completed` by `after_run`."""
+        self.working: list[ModelMessage] | None = None
+        """The run's working message list, from its first model request (see `at_failure`)."""
 
     async def save(
         self,
@@ -87,6 +89,22 @@ class Snapshots:
         messages, step = self.input
         self.input = None
         await self.save(ctx, messages, step, announce=False)
+
+    def at_failure(self, live: Point | None, last_request: int | None, *, frontier: bool) -> Point | None:
+        """What to save when the run fails, and at which step: `live`, the working list as the last
+        node hook (or, under `capture_frontier`, model request) left it, if it holds a response.
+
+        A history that ends with a response is saved at the step of the request it answers, whether
+        or not a node hook followed it: `run_stream` runs none after the response that ends the
+        stream, the history a refused streamed output fails with (found through `working` when
+        that response answers the run's first request, before any node hook took the list).
+        """
+        messages = list(live[0] if live is not None else self.working or ())
+        if messages and isinstance(messages[-1], ModelResponse) and last_request is not None:
+            return messages, last_request
+        if live is not None and messages and (frontier or any(isinstance(m, ModelResponse) for m in messages)):
+            return messages, live[1]
+        return None
 
     async def write_final_boundary(self, ctx: RunContext[Any]) -> None:
         """Write the last boundary's snapshot if it is still waiting for `after_run`."""
