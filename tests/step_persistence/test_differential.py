@@ -94,8 +94,8 @@ def scenario(seed: int) -> Scenario:
     ]
     modes = ['run', 'run', 'stream', 'stream', 'iter', 'iter_abandon']
     if any('approve' in turn for turn in turns):
-        # Not `run_stream`: there the returns of calls run beside a deferred one join the history
-        # only after the capability's last hook, so its final snapshot lacks them.
+        # Not `run_stream`: there the returns of calls run beside a deferred one go only into the
+        # stream's own history, which no hook sees, so its final snapshot lacks them (test_streaming).
         modes = [mode for mode in modes if mode != 'stream']
     return Scenario(
         mode=draw.choice(modes),
