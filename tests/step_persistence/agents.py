@@ -41,10 +41,16 @@ def scripted(*turns: list[ToolCallPart] | str, per_turn: bool = False) -> Functi
             return ModelResponse(parts=[TextPart(turn)])
         return ModelResponse(parts=[ToolCallPart(c.tool_name, c.args, tool_call_id=c.tool_call_id) for c in turn])
 
+    return streaming(respond)
+
+
+def streaming(respond: Turn) -> FunctionModel:
+    """A model answering with `respond`, for `run` and `run_stream` alike: streamed, a response's
+    text comes first, then all its tool calls at once."""
+
     async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
-        response = respond(messages, info)
         calls: dict[int, DeltaToolCall] = {}
-        for index, part in enumerate(response.parts):
+        for index, part in enumerate(respond(messages, info).parts):
             if isinstance(part, TextPart):
                 yield part.content
             elif isinstance(part, ToolCallPart):

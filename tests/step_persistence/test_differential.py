@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from pydantic_ai.messages import (
     ToolCallPart,
     UserPromptPart,
 )
-from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import (
@@ -53,6 +53,8 @@ from pydantic_ai_steps.step_persistence import (
     continue_run,
     is_provider_valid,
 )
+
+from .agents import streaming
 
 pytestmark = pytest.mark.anyio
 
@@ -152,17 +154,7 @@ def scripted(turns: list[list[str]], run_no: int) -> FunctionModel:
             return ModelResponse(parts=[ToolCallPart(name, {'value': index}, tool_call_id=f'r{run_no}o{index}')])
         return ModelResponse(parts=[TextPart(f'answer {index}')])
 
-    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
-        calls: dict[int, DeltaToolCall] = {}
-        for index, part in enumerate(respond(messages, info).parts):
-            if isinstance(part, TextPart):
-                yield part.content
-            elif isinstance(part, ToolCallPart):
-                calls[index] = DeltaToolCall(part.tool_name, part.args_as_json_str(), tool_call_id=part.tool_call_id)
-        if calls:
-            yield calls
-
-    return FunctionModel(respond, stream_function=stream)
+    return streaming(respond)
 
 
 def keep_last(messages: list[ModelMessage]) -> list[ModelMessage]:

@@ -23,12 +23,12 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
 )
-from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pydantic_ai_steps import StepPersistence
 from pydantic_ai_steps.step_persistence import InMemoryStepStore, SqliteStepStore, StepStore, continue_run
 
-from .agents import call, scripted
+from .agents import call, scripted, streaming
 
 pytestmark = pytest.mark.anyio
 
@@ -101,16 +101,7 @@ def beside_a_call(final: str) -> FunctionModel:
             parts.insert(0, TextPart('the answer'))
         return ModelResponse(parts=parts)
 
-    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
-        calls: dict[int, DeltaToolCall] = {}
-        for index, part in enumerate(respond(messages, info).parts):
-            if isinstance(part, TextPart):
-                yield part.content
-            elif isinstance(part, ToolCallPart):
-                calls[index] = DeltaToolCall(part.tool_name, part.args_as_json_str(), tool_call_id=part.tool_call_id)
-        yield calls
-
-    return FunctionModel(respond, stream_function=stream)
+    return streaming(respond)
 
 
 @pytest.mark.parametrize('final', ['approval', 'output-tool', 'text'])
