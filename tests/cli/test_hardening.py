@@ -242,3 +242,18 @@ def test_a_bare_path_starting_with_file_colon_is_that_file_not_a_sqlite_uri(tmp_
     result = run_cli_inprocess('runs', '--store', './file:y.db', cwd=tmp_path)
     assert result.returncode == 1 and 'does not exist' in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_to_an_empty_output_is_refused_not_written_to_stdout(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path / 'store')
+    runs = anyio.run(populate_and_close, store)
+    (tmp_path / 'here').mkdir()
+    for spelling in (['-o', ''], ['--output=']):  # `-o "$UNSET"`
+        result = run_cli_inprocess('export', runs.orchestrator, *spelling, '--store', url, cwd=tmp_path / 'here')
+        assert result.returncode == 1, spelling
+        assert result.stderr == (
+            "pydantic-ai-steps: error: --output '' names no file: name the file to write the export to, "
+            'or leave out --output for stdout\n'
+        )
+        assert result.stdout == ''
+    assert list((tmp_path / 'here').iterdir()) == []

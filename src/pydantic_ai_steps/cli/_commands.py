@@ -347,10 +347,10 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
     """
     location, store = await out.open_store(args)
     run_id, record = await _inspect.resolve_run(store, args.run, location.url)
-    if args.output:
+    if args.output is not None:
         _check_export_target(location, args.output)
     # A blocking file in an async command is fine here: the CLI runs nothing else concurrently.
-    target = _replacing(args.output) if args.output else contextlib.nullcontext(out.stream)
+    target = _replacing(args.output) if args.output is not None else contextlib.nullcontext(out.stream)
     with target as stream, ProgressLine(f'exporting {run_id}') as progress:
         if record is not None:
             _jsonl(stream, {'type': 'run', **run_dict(record)})
@@ -364,7 +364,7 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
         for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
             _jsonl(stream, {'type': 'snapshot', **snapshot_dict(snapshot)})
         progress(4, 4)
-    if args.output:
+    if args.output is not None:
         sys.stderr.write(f'exported run {printable(run_id)} to {printable(args.output)}\n')
 
 
@@ -372,8 +372,13 @@ _SQLITE_SIDECARS = ('', '-wal', '-shm', '-journal')
 
 
 def _check_export_target(location: StoreLocation, output: str) -> None:
-    """Refuse an `--output` that is the store itself: the SQLite file (or its WAL, shared memory and
-    journal files), or anything inside a File store's directory."""
+    """Refuse an `--output` that names no file (`-o "$UNSET"` is a mistake, not a request for stdout),
+    or that is the store itself: the SQLite file (or its WAL, shared memory and journal files), or
+    anything inside a File store's directory."""
+    if not output:
+        raise CliError(
+            "--output '' names no file: name the file to write the export to, or leave out --output for stdout"
+        )
     kind = location.scheme.scheme
     if kind not in ('sqlite', 'file'):
         return
