@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any, TextIO, cast
 
 import anyio
 import pytest
 
 from pydantic_ai_steps.cli import _commands, main
 
-from .conftest import open_store, populate_and_close, run_cli_inprocess
+from .conftest import CLI, open_store, populate_and_close, run_cli, run_cli_inprocess
 
 
 def snapshot_of(directory: Path) -> dict[str, bytes | str | None]:
@@ -257,3 +262,83 @@ def test_export_to_an_empty_output_is_refused_not_written_to_stdout(tmp_path: Pa
         )
         assert result.stdout == ''
     assert list((tmp_path / 'here').iterdir()) == []
+
+
+class FillingDisk(io.StringIO):
+    """Takes `room` characters, then fails as a full disk does: part of a write, then `ENOSPC`."""
+
+    def __init__(self, room: int, into: TextIO | None = None) -> None:
+        super().__init__()
+        self.room, self.into = room, into
+
+    def write(self, text: str, /) -> int:
+        taken = text[: self.room]
+        self.room -= len(taken)
+        (self.into or super()).write(taken)
+        if len(taken) < len(text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return len(text)
+
+    def close(self) -> None:
+        if self.into is not None:
+            self.into.close()
+        super().close()
+
+
+@pytest.mark.parametrize('command', [['export', 'media-1'], ['continue', 'media-1'], ['snapshot', 'media-1', '--json']])
+def test_stdout_on_a_full_disk_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    anyio.run(populate_and_close, store)
+    monkeypatch.setattr(sys, 'stdout', FillingDisk(1000))
+    assert main([*command, '--store', url]) == 1
+    assert capsys.readouterr().err == 'pydantic-ai-steps: error: cannot write stdout: No space left on device\n'
+
+
+def test_an_export_the_disk_fills_under_is_a_clear_error_and_leaves_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, url = open_store('sqlite', tmp_path / 'store')
+    runs = anyio.run(populate_and_close, store)
+    target = tmp_path / 'media.jsonl'
+    target.write_text('the export of yesterday\n')
+    fdopen = os.fdopen
+
+    def filling(descriptor: int, *args: Any, **kwargs: Any) -> TextIO:
+        return cast(TextIO, FillingDisk(5000, into=fdopen(descriptor, *args, **kwargs)))
+
+    monkeypatch.setattr(os, 'fdopen', filling)
+    assert main(['export', runs.media, '-o', str(target), '--store', url]) == 1
+    assert capsys.readouterr().err == (
+        f"pydantic-ai-steps: error: cannot write --output '{target}': No space left on device\n"
+    )
+    assert target.read_text() == 'the export of yesterday\n'
+    assert [path.name for path in tmp_path.iterdir() if path.is_file()] == ['media.jsonl']  # no temporary file
+
+
+@pytest.mark.skipif(not Path('/dev/full').exists(), reason='no /dev/full here')
+def test_a_full_device_is_one_error_line_for_stdout_and_for_output(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    with open('/dev/full', 'w') as full:
+        piped = subprocess.run(
+            [*CLI, 'export', runs.media, '--store', url], stdout=full, stderr=subprocess.PIPE, text=True, check=False
+        )
+    named = run_cli('export', runs.media, '-o', '/dev/full', '--store', url)
+    assert (piped.returncode, piped.stderr) == (
+        1,
+        'pydantic-ai-steps: error: cannot write stdout: No space left on device\n',
+    )
+    assert (named.returncode, named.stderr) == (
+        1,
+        "pydantic-ai-steps: error: cannot write --output '/dev/full': No space left on device\n",
+    )
+
+
+def test_the_demo_on_a_full_disk_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, 'stdout', FillingDisk(100))
+    assert main(['demo', '--store', f'sqlite:///{tmp_path / "demo.db"}']) == 1
+    assert capsys.readouterr().err == 'pydantic-ai-steps: error: cannot write stdout: No space left on device\n'

@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Output.for_stream(sys.stdout)
         handler: Command = args.handler
         anyio.run(_run_command, handler, args, out)
-        sys.stdout.flush()
+        out.flush()
     except CliError as error:
         _error(str(error))
         return 1

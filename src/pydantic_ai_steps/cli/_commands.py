@@ -15,7 +15,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, TextIO
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter
@@ -27,7 +27,7 @@ from ..store.registry import StoreLocation
 from . import _inspect
 from ._errors import CliError
 from ._messages import media_policy, render_messages
-from ._output import Output
+from ._output import Output, unwritable, writing
 from ._render import (
     STATUS_COLOURS,
     Cell,
@@ -350,19 +350,19 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
     if args.output is not None:
         _check_export_target(location, args.output)
     # A blocking file in an async command is fine here: the CLI runs nothing else concurrently.
-    target = _replacing(args.output) if args.output is not None else contextlib.nullcontext(out.stream)
-    with target as stream, ProgressLine(f'exporting {run_id}') as progress:
+    target = _replacing(args.output) if args.output is not None else contextlib.nullcontext(out.write)
+    with target as write, ProgressLine(f'exporting {run_id}') as progress:
         if record is not None:
-            _jsonl(stream, {'type': 'run', **run_dict(record)})
+            _jsonl(write, {'type': 'run', **run_dict(record)})
         progress(1, 4)
         for event in await store.list_events(run_id=run_id):
-            _jsonl(stream, {'type': 'event', **event_dict(event)})
+            _jsonl(write, {'type': 'event', **event_dict(event)})
         progress(2, 4)
         for effect in await _inspect.tool_effects(store, run_id, unresolved_only=False):
-            _jsonl(stream, {'type': 'tool_effect', **effect_dict(effect)})
+            _jsonl(write, {'type': 'tool_effect', **effect_dict(effect)})
         progress(3, 4)
         for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
-            _jsonl(stream, {'type': 'snapshot', **snapshot_dict(snapshot)})
+            _jsonl(write, {'type': 'snapshot', **snapshot_dict(snapshot)})
         progress(4, 4)
     if args.output is not None:
         sys.stderr.write(f'exported run {printable(run_id)} to {printable(args.output)}\n')
@@ -400,11 +400,13 @@ def _same_file(first: str, second: str) -> bool:
 
 
 @contextlib.contextmanager
-def _replacing(path: str) -> Generator[TextIO]:
-    """A regular file that becomes `path` only once it is written whole, so a failed export leaves
-    what was there (keeping its mode; a new file is private, as the stores' own files are). Anything
-    else (a link, `/dev/stdout`, a pipe) is written through, as `open` would. A directory, or a path
-    that cannot be written, is a `CliError` naming it, and leaves nothing behind."""
+def _replacing(path: str) -> Generator[Callable[[str], None]]:
+    """Writes to a regular file that becomes `path` only once it is written whole: an export that
+    fails part way (the disk fills, the store goes away) removes its temporary file and leaves what
+    was there, never a file cut short that looks complete. The file keeps the mode of the one it
+    replaces (a new file is private, as the stores' own files are). Anything else (a link,
+    `/dev/stdout`, a pipe) is written through, as `open` would. A directory, or a path that cannot
+    be written (at the start or part way), is a `CliError` naming it."""
     if path.endswith(('/', os.sep)) or os.path.isdir(path):
         raise CliError(f'--output {path!r} names a directory: name the file to write the export to')
     try:
@@ -415,11 +417,11 @@ def _replacing(path: str) -> Generator[TextIO]:
         raise _unwritable(path, error) from None
     if info is not None and not stat.S_ISREG(info.st_mode):
         try:
-            through = open(path, 'w', encoding='utf-8')  # noqa: SIM115 - the `with` below closes it
+            through = open(path, 'w', encoding='utf-8')  # noqa: SIM115 - `_written` closes it
         except OSError as error:
             raise _unwritable(path, error) from None
-        with through as handle:
-            yield handle
+        with _written(through, path) as write:
+            yield write
         return
     directory = os.path.dirname(os.path.abspath(path))
     try:
@@ -429,8 +431,8 @@ def _replacing(path: str) -> Generator[TextIO]:
     try:
         if info is not None:
             os.chmod(name, stat.S_IMODE(info.st_mode))
-        with os.fdopen(descriptor, 'w', encoding='utf-8') as handle:
-            yield handle
+        with _written(os.fdopen(descriptor, 'w', encoding='utf-8'), path) as write:
+            yield write
         try:
             os.replace(name, path)
         except OSError as error:
@@ -442,11 +444,30 @@ def _replacing(path: str) -> Generator[TextIO]:
 
 
 def _unwritable(path: str, error: OSError) -> CliError:
-    return CliError(f'cannot write --output {path!r}: {error.strerror or error}')
+    return unwritable(f'--output {path!r}', error)
 
 
-def _jsonl(stream: TextIO, value: dict[str, Any]) -> None:
-    stream.write(json_printable(json.dumps(value, ensure_ascii=False, separators=(',', ':'))) + '\n')
+@contextlib.contextmanager
+def _written(handle: TextIO, path: str) -> Generator[Callable[[str], None]]:
+    """Writes to `handle`, then closes it: a write or the close (the last buffered lines may not fit
+    either) that fails is the error naming `path`. After a failure, what is still buffered is dropped."""
+    target = f'--output {path!r}'
+
+    def write(text: str) -> None:
+        with writing(target):
+            handle.write(text)
+
+    try:
+        yield write
+        with writing(target):
+            handle.close()
+    finally:
+        with contextlib.suppress(OSError):
+            handle.close()
+
+
+def _jsonl(write: Callable[[str], None], value: dict[str, Any]) -> None:
+    write(json_printable(json.dumps(value, ensure_ascii=False, separators=(',', ':'))) + '\n')
 
 
 async def cmd_continue(args: argparse.Namespace, out: Output) -> None:
@@ -457,4 +478,4 @@ async def cmd_continue(args: argparse.Namespace, out: Output) -> None:
     except LookupError as error:
         hint = '' if args.include_interrupted else ' (--include-interrupted also considers interrupted ones)'
         raise CliError(f'{error}{hint}') from None
-    out.stream.write(json_printable(ModelMessagesTypeAdapter.dump_json(history, indent=2).decode()) + '\n')
+    out.write(json_printable(ModelMessagesTypeAdapter.dump_json(history, indent=2).decode()) + '\n')

@@ -52,6 +52,7 @@ from ._demo_story import (
     orchestrator_model,
 )
 from ._errors import CliError
+from ._output import writing
 from ._render import Style, terminal_width, tree
 from ._stores import STORE_VARIABLE, locate
 
@@ -96,7 +97,7 @@ class _Narrator:
         self._lock = threading.Lock()
 
     def _write(self, text: str) -> None:
-        with self._lock:
+        with self._lock, writing('stdout'):
             self.stream.write(text + '\n')
             self.stream.flush()
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -30,12 +31,21 @@ class Output:
     def for_stream(cls, stream: TextIO) -> Output:
         return cls(stream, Style.for_stream(stream), terminal_width(stream))
 
+    def write(self, text: str) -> None:
+        """Every write to stdout goes through here (or `flush`), so a failed one is the CLI's error."""
+        with writing('stdout'):
+            self.stream.write(text)
+
+    def flush(self) -> None:
+        with writing('stdout'):
+            self.stream.flush()
+
     def line(self, text: str = '') -> None:
         """Write `text` and a newline; a control character that reached it unescaped is escaped here."""
-        self.stream.write(terminal_safe(text) + '\n')
+        self.write(terminal_safe(text) + '\n')
 
     def json(self, value: Any) -> None:
-        self.stream.write(json_printable(json.dumps(value, indent=2, ensure_ascii=False)) + '\n')
+        self.write(json_printable(json.dumps(value, indent=2, ensure_ascii=False)) + '\n')
 
     async def open_store(self, args: argparse.Namespace) -> tuple[StoreLocation, ManagedStepStore]:
         value: str | None = args.store
@@ -60,3 +70,21 @@ class Output:
 
 
 Command = Callable[[argparse.Namespace, Output], Awaitable[None]]
+
+
+def unwritable(target: str, error: OSError) -> CliError:
+    """`cannot write TARGET: REASON`, the reason in the system's words (`No space left on device`)."""
+    return CliError(f'cannot write {target}: {error.strerror or error}')
+
+
+@contextlib.contextmanager
+def writing(target: str) -> Generator[None]:
+    """Writes to `target` (`stdout`, `--output 'x'`): one that fails (a full disk, a closed
+    descriptor) is `unwritable`, not an unexpected error. A closed pipe stays a `BrokenPipeError`:
+    its reader left (`| head`), and `_app.main` ends quietly on it, as Unix tools do."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise unwritable(target, error) from None
