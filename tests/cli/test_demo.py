@@ -406,3 +406,10 @@ def test_the_demo_and_every_command_it_suggests_on_postgres(tmp_path: Path) -> N
         assert len(json.loads(first.run(['runs', '--json', '--store', store]))) == 6
     finally:
         drop_prefix(dsn, prefix)
+
+
+def test_the_demo_prints_paths_with_control_characters_escaped(tmp_path: Path) -> None:
+    result = run_cli_inprocess('demo', '--store', str(tmp_path / 'steps\x1b]0;pwned\x07.db'), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert '\x1b' not in result.stdout and '\x07' not in result.stdout
+    assert 'steps\\x1b]0;pwned\\x07.outbox.jsonl' in result.stdout  # the issue tracker beside the store

@@ -53,7 +53,7 @@ from ._demo_story import (
 )
 from ._errors import CliError
 from ._output import writing
-from ._render import Style, terminal_width, tree
+from ._render import Style, terminal_safe, terminal_width, tree
 from ._stores import STORE_VARIABLE, locate
 
 PROG = 'pydantic-ai-steps'
@@ -97,8 +97,10 @@ class _Narrator:
         self._lock = threading.Lock()
 
     def _write(self, text: str) -> None:
+        """Write `text` and a newline, escaped as `Output.line` escapes it: the demo shows what a
+        model (`--model`) answered and paths the user gave."""
         with self._lock, writing('stdout'):
-            self.stream.write(text + '\n')
+            self.stream.write(terminal_safe(text) + '\n')
             self.stream.flush()
 
     def line(self, text: str = '') -> None:
