@@ -342,3 +342,22 @@ def test_the_demo_on_a_full_disk_is_a_clear_error(
     monkeypatch.setattr(sys, 'stdout', FillingDisk(100))
     assert main(['demo', '--store', f'sqlite:///{tmp_path / "demo.db"}']) == 1
     assert capsys.readouterr().err == 'pydantic-ai-steps: error: cannot write stdout: No space left on device\n'
+
+
+def test_export_refuses_to_replace_a_file_the_user_may_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, url = open_store('sqlite', tmp_path / 'store')
+    runs = anyio.run(populate_and_close, store)
+    target = tmp_path / 'kept.jsonl'
+    target.write_text('read-only, on purpose\n')
+    target.chmod(0o444)
+    if os.geteuid() == 0:  # root may write anything: deny as the kernel denies anyone else
+        access = os.access
+        monkeypatch.setattr(
+            os, 'access', lambda path, mode, **kw: False if str(path) == str(target) else access(path, mode, **kw)
+        )
+    assert main(['export', runs.orchestrator, '-o', str(target), '--store', url]) == 1
+    assert capsys.readouterr().err == f"pydantic-ai-steps: error: cannot write --output '{target}': Permission denied\n"
+    assert target.read_text() == 'read-only, on purpose\n'
+    assert sorted(path.name for path in tmp_path.iterdir()) == ['kept.jsonl', 'store']

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import getpass
 import json
 import os
@@ -404,9 +405,10 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
     """Writes to a regular file that becomes `path` only once it is written whole: an export that
     fails part way (the disk fills, the store goes away) removes its temporary file and leaves what
     was there, never a file cut short that looks complete. The file keeps the mode of the one it
-    replaces (a new file is private, as the stores' own files are). Anything else (a link,
-    `/dev/stdout`, a pipe) is written through, as `open` would. A directory, or a path that cannot
-    be written (at the start or part way), is a `CliError` naming it."""
+    replaces (a new file is private, as the stores' own files are), and one the user may not write
+    is refused, as the shell's `>` refuses it. Anything else (a link, `/dev/stdout`, a pipe) is
+    written through, as `open` would. A directory, or a path that cannot be written (at the start
+    or part way), is a `CliError` naming it."""
     if path.endswith(('/', os.sep)) or os.path.isdir(path):
         raise CliError(f'--output {path!r} names a directory: name the file to write the export to')
     try:
@@ -423,6 +425,8 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
         with _written(through, path) as write:
             yield write
         return
+    if info is not None and not os.access(path, os.W_OK):  # a rename would replace what `>` may not write
+        raise _unwritable(path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
     directory = os.path.dirname(os.path.abspath(path))
     try:
         descriptor, name = tempfile.mkstemp(dir=directory, prefix='.export-', suffix='.tmp')
