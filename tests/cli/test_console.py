@@ -86,6 +86,8 @@ def test_runs_filters_and_json(populated: PopulatedStore) -> None:
     (failed,) = json.loads(ok('runs', '--agent', 'flaky', '--json', *store))
     assert 'disk full' in failed['error']
     assert ok('runs', '--agent', 'nobody', *store) == 'no runs match\n'
+    for empty in ('--agent', '--conversation', '--parent'):  # an empty filter matches nothing; the store has runs
+        assert ok('runs', empty, '', *store) == 'no runs match\n'
     everything = json.loads(ok('runs', '--json', *store))
     started = [run['started_at'] for run in everything]
     assert started == sorted(started)

@@ -154,8 +154,9 @@ def test_a_resolution_is_refused_a_second_time_unless_replaced(tmp_path: Path) -
         ok('effects', 'resolve', runs.crashed, call, '--done', '--by', 'root', '--replace', '--json', '--store', url)
     )
     assert (replaced['resolution'], replaced['resolved_by'], replaced['status']) == ('done', 'root', 'started')
-    misplaced = run_cli_inprocess('effects', runs.crashed, '--replace', '--store', url)
-    assert misplaced.returncode == 1 and '--replace go with `effects resolve RUN CALL`' in misplaced.stderr
+    for flag in (['--replace'], ['--note', ''], ['--by', '']):
+        misplaced = run_cli_inprocess('effects', runs.crashed, *flag, '--store', url)
+        assert misplaced.returncode == 1 and '--replace go with `effects resolve RUN CALL`' in misplaced.stderr
 
 
 def test_a_run_named_resolve_is_shown_with_run(tmp_path: Path) -> None:

@@ -90,7 +90,8 @@ async def cmd_runs(args: argparse.Namespace, out: Output) -> None:
         out.json([summary_dict(summary) for summary in summaries])
         return
     if not summaries:
-        filtered = args.conversation or args.parent or args.agent or args.status or args.limit is not None
+        filters = (args.conversation, args.parent, args.agent, args.status, args.limit)
+        filtered = any(value is not None for value in filters)  # `--agent ''` filters too: it matches nothing
         out.line('no runs match' if filtered else 'the store has no runs')
         return
     rows: list[list[Cell]] = [
@@ -210,7 +211,7 @@ async def cmd_effects(args: argparse.Namespace, out: Output) -> None:
     if len(target) != 1:
         got = f'got {" ".join(target)!r}' if target else 'got none'
         raise CliError(f'effects takes one RUN (or: resolve RUN CALL), {got}')
-    if args.done or args.not_done or args.note or args.by or args.replace:
+    if args.done or args.not_done or args.note is not None or args.by is not None or args.replace:
         raise CliError('--done, --not-done, --note, --by and --replace go with `effects resolve RUN CALL`')
     args.run = target[0]
     _, store, run_id = await out.open_run(args)
