@@ -4,12 +4,14 @@ filters, tool arguments and delegates in the log, resolving an unknown effect, a
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 from pathlib import Path
 
 import anyio
 import pytest
 
+from pydantic_ai_steps.cli import main
 from pydantic_ai_steps.cli._app import build_parser
 from pydantic_ai_steps.step_persistence import RunRecord, ToolEffectRecord
 from pydantic_ai_steps.testing.step_store import T0
@@ -248,3 +250,29 @@ def test_huge_ages_and_counts_mean_no_bound(tmp_path: Path) -> None:
 def test_removing_commands_need_a_store(command: list[str]) -> None:
     result = run_cli_inprocess(*command, PYDANTIC_AI_STEPS_STORE=None)
     assert result.returncode == 1 and 'no store given' in result.stderr
+
+
+def test_resolve_needs_to_know_who_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    resolve = ('effects', 'resolve', runs.crashed, 'call-deploy', '--done', '--store', url)
+    for blank in ('', ' '):
+        refused = run_cli_inprocess(*resolve, '--by', blank)
+        assert refused.returncode == 1
+        assert refused.stderr == (
+            f'pydantic-ai-steps: error: --by {blank!r} names no one: give who checked, or leave out --by for the '
+            'user running this\n'
+        )
+
+    def nameless() -> str:
+        raise KeyError('getpwuid(): uid not found: 4242')
+
+    monkeypatch.setattr(getpass, 'getuser', nameless)  # a container's uid with no passwd entry
+    assert main(list(resolve)) == 1  # in this process: patched
+    assert capsys.readouterr().err == (
+        'pydantic-ai-steps: error: no user name for this process to record as who resolved the call: pass --by WHO\n'
+    )
+    (effect,) = json.loads(run_cli_inprocess('effects', runs.crashed, '--json', '--store', url).stdout)
+    assert effect['resolution'] is None

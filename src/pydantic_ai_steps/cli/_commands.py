@@ -263,9 +263,11 @@ async def _resolve_effect(args: argparse.Namespace, out: Output, target: list[st
         raise CliError(f'effects resolve takes RUN CALL, {got} (a run named resolve: effects --run resolve)')
     if not (args.done or args.not_done):
         raise CliError('effects resolve needs --done (the effect happened) or --not-done (it did not)')
+    by = _user() if args.by is None else args.by
+    if not by.strip():  # `--by "$CHECKER"` with the variable unset
+        raise CliError(f'--by {by!r} names no one: give who checked, or leave out --by for the user running this')
     args.run = target[0]
     _, store, run_id = await out.open_run(args)
-    by = args.by or getpass.getuser()
     outcome = 'done' if args.done else 'not_done'
     try:
         record = await store.resolve_tool_effect(
@@ -279,6 +281,15 @@ async def _resolve_effect(args: argparse.Namespace, out: Output, target: list[st
         out.json(effect_dict(record))
         return
     out.line(f'{printable(record.tool_call_id)} of run {printable(run_id)}: resolved {_resolution(record)[0]}')
+
+
+def _user() -> str:
+    """The user running this, the default of `--by`: a process whose uid has no name (a container's)
+    is told to give one, not shown pwd's error."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # pwd's KeyError; Python 3.13 raises OSError
+        raise CliError('no user name for this process to record as who resolved the call: pass --by WHO') from None
 
 
 async def cmd_snapshot(args: argparse.Namespace, out: Output) -> None:
