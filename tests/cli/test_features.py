@@ -276,3 +276,22 @@ def test_resolve_needs_to_know_who_checked(
     )
     (effect,) = json.loads(run_cli_inprocess('effects', runs.crashed, '--json', '--store', url).stdout)
     assert effect['resolution'] is None
+
+
+@pytest.mark.parametrize(
+    'command', [['runs'], ['prune', '--older-than', '0s', '--yes'], ['delete', 'orch-1', '--yes'], ['demo']]
+)
+def test_an_empty_store_is_refused_not_replaced_by_the_environments(tmp_path: Path, command: list[str]) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    anyio.run(populate_and_close, store)
+    every = ok('runs', '--json', '--store', url)
+    for spelling in (['--store', ''], ['--store=']):
+        result = run_cli_inprocess(*command, *spelling, PYDANTIC_AI_STEPS_STORE=url, cwd=tmp_path)
+        assert result.returncode == 1
+        assert result.stderr == (
+            "pydantic-ai-steps: error: --store '' names no store: give a URL or a path, or leave out --store to use "
+            '$PYDANTIC_AI_STEPS_STORE\n'
+        )
+        assert result.stdout == ''
+    assert ok('runs', '--json', '--store', url) == every
+    assert sorted(path.name for path in tmp_path.iterdir()) == ['steps.db']  # no demo store either

@@ -268,8 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if not getattr(args, 'store', None):
+        if getattr(args, 'store', None) is None:
             args.store = os.environ.get(STORE_VARIABLE) or None
+        elif not args.store:  # `--store "$UNSET"` must not fall back to another store, for `delete --yes` least of all
+            raise CliError(
+                f"--store '' names no store: give a URL or a path, or leave out --store to use ${STORE_VARIABLE}"
+            )
         if args.command == 'demo':
             from ._demo import run_demo
 
