@@ -361,3 +361,15 @@ def test_export_refuses_to_replace_a_file_the_user_may_not_write(
     assert capsys.readouterr().err == f"pydantic-ai-steps: error: cannot write --output '{target}': Permission denied\n"
     assert target.read_text() == 'read-only, on purpose\n'
     assert sorted(path.name for path in tmp_path.iterdir()) == ['kept.jsonl', 'store']
+
+
+def test_a_process_without_stdout_says_so_and_still_exports_to_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    monkeypatch.setattr(sys, 'stdout', None)  # started with `>&-`
+    assert main(['runs', '--store', url]) == 1
+    assert capsys.readouterr().err == 'pydantic-ai-steps: error: cannot write stdout: Bad file descriptor\n'
+    assert main(['export', runs.orchestrator, '-o', str(tmp_path / 'orch.jsonl'), '--store', url]) == 0
+    assert (tmp_path / 'orch.jsonl').read_text().startswith('{"type":"run"')

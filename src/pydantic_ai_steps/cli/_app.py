@@ -18,7 +18,7 @@ from ..store.record_checks import MAX_COUNT
 from . import _commands, _maintenance
 from ._errors import CliError
 from ._inspect import STATUS_HELP
-from ._output import Command, Output
+from ._output import ClosedStdout, Command, Output
 from ._render import printable
 from ._stores import STORE_VARIABLE, schemes_help, unreachable
 
@@ -274,13 +274,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliError(
                 f"--store '' names no store: give a URL or a path, or leave out --store to use ${STORE_VARIABLE}"
             )
+        stdout = sys.stdout or ClosedStdout()  # `None` when started with `>&-`
         if args.command == 'demo':
             from ._demo import run_demo
 
             return run_demo(
-                store=args.store or 'sqlite:///steps-demo.db', keep=args.keep, model=args.model, stream=sys.stdout
+                store=args.store or 'sqlite:///steps-demo.db', keep=args.keep, model=args.model, stream=stdout
             )
-        out = Output.for_stream(sys.stdout)
+        out = Output.for_stream(stdout)
         handler: Command = args.handler
         anyio.run(_run_command, handler, args, out)
         out.flush()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import io
 import json
+import os
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -70,6 +73,14 @@ class Output:
 
 
 Command = Callable[[argparse.Namespace, Output], Awaitable[None]]
+
+
+class ClosedStdout(io.StringIO):
+    """The stdout of a process started without one (`>&-`, where Python's is `None`): writing to it
+    fails as writing to a closed descriptor does, while a command that writes elsewhere (`-o FILE`) runs."""
+
+    def write(self, text: str, /) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
 
 
 def unwritable(target: str, error: OSError) -> CliError:
