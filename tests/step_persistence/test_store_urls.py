@@ -196,3 +196,10 @@ async def test_a_path_object_opens_the_store_it_names(tmp_path: Path) -> None:
 def test_a_store_url_of_another_type_is_refused_naming_the_type(value: object, said: str) -> None:
     with pytest.raises(StoreUrlError, match=f'a store URL must be a str \\(or a path\\), {said}'):
         open_step_store(value)  # pyright: ignore[reportArgumentType]
+
+
+@pytest.mark.parametrize('url', ['postgresql://u:s3cret@db/agents', 'mongodb://u:s3cret@db/agents?tls=true'])
+def test_a_parsed_location_shows_no_password_in_its_repr(url: str) -> None:
+    location = resolve(url)
+    assert location.target == url  # what the driver is given
+    assert 's3cret' not in repr(location) and repr(location).endswith(f"url='{redacted_url(url)}')")

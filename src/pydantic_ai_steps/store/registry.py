@@ -16,7 +16,7 @@ import importlib
 import os
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus, urlsplit
@@ -36,8 +36,9 @@ class StoreLocation:
     """A parsed store URL: the scheme that owns it, its target, and how to print it back."""
 
     scheme: StoreScheme
-    target: str
-    """Scheme-specific: a filesystem path for SQLite and File, a connection URL for servers."""
+    target: str = field(repr=False)
+    """Scheme-specific: a filesystem path for SQLite and File, a connection URL for servers (its
+    password too: kept out of the repr, which a log or a traceback's locals may show)."""
     url: str
     """How messages should name this store (a server password is never shown)."""
 
