@@ -373,3 +373,24 @@ def test_a_process_without_stdout_says_so_and_still_exports_to_a_file(
     assert capsys.readouterr().err == 'pydantic-ai-steps: error: cannot write stdout: Bad file descriptor\n'
     assert main(['export', runs.orchestrator, '-o', str(tmp_path / 'orch.jsonl'), '--store', url]) == 0
     assert (tmp_path / 'orch.jsonl').read_text().startswith('{"type":"run"')
+
+
+def test_a_failed_export_through_a_link_leaves_the_file_it_leads_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, url = open_store('sqlite', tmp_path / 'store')
+    runs = anyio.run(populate_and_close, store)
+    (tmp_path / 'exports').mkdir()
+    real = tmp_path / 'exports' / 'orch.jsonl'
+    real.write_text('the export of yesterday\n')
+    link = tmp_path / 'latest.jsonl'
+    link.symlink_to(real)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError('the store went away')  # after the run and its events were written
+
+    monkeypatch.setattr(_commands, 'snapshot_dict', broken)
+    assert main(['export', runs.orchestrator, '-o', str(link), '--store', url]) == 1  # in this process: patched
+    assert 'the store went away' in capsys.readouterr().err
+    assert link.is_symlink() and real.read_text() == 'the export of yesterday\n'
+    assert sorted(path.name for path in (tmp_path / 'exports').iterdir()) == ['orch.jsonl']  # no temporary file

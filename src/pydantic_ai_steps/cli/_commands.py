@@ -418,9 +418,10 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
     fails part way (the disk fills, the store goes away) removes its temporary file and leaves what
     was there, never a file cut short that looks complete. The file keeps the mode of the one it
     replaces (a new file is private, as the stores' own files are), and one the user may not write
-    is refused, as the shell's `>` refuses it. Anything else (a link, `/dev/stdout`, a pipe) is
-    written through, as `open` would. A directory, or a path that cannot be written (at the start
-    or part way), is a `CliError` naming it."""
+    is refused, as the shell's `>` refuses it. A link to a file is followed, and the file it leads
+    to replaced the same way. Anything else (`/dev/stdout`, a pipe, a device) is written through,
+    as `open` would. A directory, or a path that cannot be written (at the start or part way), is a
+    `CliError` naming it."""
     if path.endswith(('/', os.sep)) or os.path.isdir(path):
         raise CliError(f'--output {path!r} names a directory: name the file to write the export to')
     try:
@@ -429,6 +430,15 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
         info = None
     except OSError as error:  # a folder on the way is a file, or may not be searched
         raise _unwritable(path, error) from None
+    replaced = path
+    if info is not None and stat.S_ISLNK(info.st_mode) and not _under_dev_or_proc(path):
+        replaced = os.path.realpath(path)  # the link stays, and leads to the new file
+        try:
+            info = os.lstat(replaced)
+        except FileNotFoundError:
+            info = None
+        except OSError as error:
+            raise _unwritable(path, error) from None
     if info is not None and not stat.S_ISREG(info.st_mode):
         try:
             through = open(path, 'w', encoding='utf-8')  # noqa: SIM115 - `_written` closes it
@@ -437,9 +447,9 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
         with _written(through, path) as write:
             yield write
         return
-    if info is not None and not os.access(path, os.W_OK):  # a rename would replace what `>` may not write
+    if info is not None and not os.access(replaced, os.W_OK):  # a rename would replace what `>` may not write
         raise _unwritable(path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = os.path.dirname(os.path.abspath(replaced))
     try:
         descriptor, name = tempfile.mkstemp(dir=directory, prefix='.export-', suffix='.tmp')
     except OSError as error:
@@ -450,13 +460,19 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
         with _written(os.fdopen(descriptor, 'w', encoding='utf-8'), path) as write:
             yield write
         try:
-            os.replace(name, path)
+            os.replace(name, replaced)
         except OSError as error:
             raise _unwritable(path, error) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(name)
         raise
+
+
+def _under_dev_or_proc(path: str) -> bool:
+    """`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`: a link to what the shell opened (a pipe, or a file
+    opened for appending), written through, never replaced."""
+    return any(where.startswith(('/dev/', '/proc/')) for where in (os.path.abspath(path), os.path.realpath(path)))
 
 
 def _unwritable(path: str, error: OSError) -> CliError:
