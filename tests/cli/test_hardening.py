@@ -394,3 +394,22 @@ def test_a_failed_export_through_a_link_leaves_the_file_it_leads_to(
     assert 'the store went away' in capsys.readouterr().err
     assert link.is_symlink() and real.read_text() == 'the export of yesterday\n'
     assert sorted(path.name for path in (tmp_path / 'exports').iterdir()) == ['orch.jsonl']  # no temporary file
+
+
+@pytest.mark.skipif(not Path('/dev/stdout').exists(), reason='no /dev/stdout here')
+def test_export_to_dev_stdout_appended_to_a_file_keeps_what_the_file_held(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    log = tmp_path / 'log.jsonl'
+    log.write_text('{"type":"earlier"}\n')
+    with log.open('a') as appended:  # the shell's `>> log.jsonl`
+        result = subprocess.run(
+            [*CLI, 'export', runs.orchestrator, '-o', '/dev/stdout', '--store', url],
+            stdout=appended,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0] == '{"type":"earlier"}' and json.loads(lines[1])['type'] == 'run' and len(lines) > 2

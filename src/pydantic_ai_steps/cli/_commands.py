@@ -441,7 +441,8 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
             raise _unwritable(path, error) from None
     if info is not None and not stat.S_ISREG(info.st_mode):
         try:
-            through = open(path, 'w', encoding='utf-8')  # noqa: SIM115 - `_written` closes it
+            # Appending: `-o /dev/stdout >> log` adds to the log, and `>` has emptied the file already.
+            through = open(path, 'a', encoding='utf-8')  # noqa: SIM115 - `_written` closes it
         except OSError as error:
             raise _unwritable(path, error) from None
         with _written(through, path) as write:
