@@ -413,3 +413,14 @@ def test_export_to_dev_stdout_appended_to_a_file_keeps_what_the_file_held(tmp_pa
     assert result.returncode == 0, result.stderr
     lines = log.read_text().splitlines()
     assert lines[0] == '{"type":"earlier"}' and json.loads(lines[1])['type'] == 'run' and len(lines) > 2
+
+
+def test_export_to_a_dash_writes_stdout_not_a_file_named_dash(tmp_path: Path) -> None:
+    store, url = open_store('sqlite', tmp_path / 'store')
+    runs = anyio.run(populate_and_close, store)
+    (tmp_path / 'here').mkdir()
+    plain = run_cli_inprocess('export', runs.orchestrator, '--store', url)
+    dashed = run_cli_inprocess('export', runs.orchestrator, '-o', '-', '--store', url, cwd=tmp_path / 'here')
+    assert (dashed.returncode, dashed.stderr) == (0, '')
+    assert dashed.stdout == plain.stdout and json.loads(dashed.stdout.splitlines()[0])['type'] == 'run'
+    assert list((tmp_path / 'here').iterdir()) == []

@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = add('export', 'a run as JSON lines: run, events, tool effects, every snapshot', store)
     export.add_argument('run', metavar='RUN', help=RUN_HELP)
     export.add_argument('--format', choices=['jsonl'], default='jsonl', help='output format (default: %(default)s)')
-    export.add_argument('--output', '-o', metavar='FILE', help='write to FILE instead of stdout')
+    export.add_argument('--output', '-o', metavar='FILE', help='write to FILE instead of stdout (- is stdout)')
     export.set_defaults(handler=_commands.cmd_export)
 
     cont = add('continue', 'print the history to continue a run with, as JSON for message_history=', store)

@@ -360,10 +360,11 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
     """
     location, store = await out.open_store(args)
     run_id, record = await _inspect.resolve_run(store, args.run, location.url)
-    if args.output is not None:
-        _check_export_target(location, args.output)
+    output: str | None = None if args.output == '-' else args.output  # `-o -`: stdout, as Unix tools read it
+    if output is not None:
+        _check_export_target(location, output)
     # A blocking file in an async command is fine here: the CLI runs nothing else concurrently.
-    target = _replacing(args.output) if args.output is not None else contextlib.nullcontext(out.write)
+    target = _replacing(output) if output is not None else contextlib.nullcontext(out.write)
     with target as write, ProgressLine(f'exporting {run_id}') as progress:
         if record is not None:
             _jsonl(write, {'type': 'run', **run_dict(record)})
@@ -377,8 +378,8 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
         for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
             _jsonl(write, {'type': 'snapshot', **snapshot_dict(snapshot)})
         progress(4, 4)
-    if args.output is not None:
-        sys.stderr.write(f'exported run {printable(run_id)} to {printable(args.output)}\n')
+    if output is not None:
+        sys.stderr.write(f'exported run {printable(run_id)} to {printable(output)}\n')
 
 
 _SQLITE_SIDECARS = ('', '-wal', '-shm', '-journal')
