@@ -203,3 +203,22 @@ def test_a_parsed_location_shows_no_password_in_its_repr(url: str) -> None:
     location = resolve(url)
     assert location.target == url  # what the driver is given
     assert 's3cret' not in repr(location) and repr(location).endswith(f"url='{redacted_url(url)}')")
+
+
+@pytest.mark.parametrize(
+    'arguments',
+    [
+        ['runs', 'postgresql://u:s3cret@db/agents'],  # --store forgotten: an unrecognized argument
+        ['postgresql://u:s3cret@db/agents', 'runs'],  # taken for the command
+        ['runs', '--limit', 'mongodb://u:s3cret@db/agents'],  # a value argparse's own check refuses
+        ['postgresql://u:s3\\cret@db/agents'],  # shown quoted, its backslash doubled
+    ],
+)
+def test_a_usage_error_quoting_a_store_url_hides_its_password(
+    arguments: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(arguments)
+    assert exit.value.code == 2
+    error = capsys.readouterr().err
+    assert 'error: ' in error and 's3' not in error and 'cret' not in error and ':***@db/agents' in error

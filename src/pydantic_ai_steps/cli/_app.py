@@ -7,6 +7,8 @@ Exit codes: 0 success, 1 a user-fixable error (printed as one line on stderr), 2
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -14,6 +16,7 @@ from datetime import timedelta
 
 import anyio
 
+from .._urls import redacted_url
 from ..store.record_checks import MAX_COUNT
 from . import _commands, _maintenance
 from ._errors import CliError
@@ -265,8 +268,8 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code instead of exiting, so tests can call it."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = _parse(build_parser(), arguments)
     try:
         if getattr(args, 'store', None) is None:
             args.store = os.environ.get(STORE_VARIABLE) or None
@@ -308,6 +311,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def _parse(parser: argparse.ArgumentParser, arguments: list[str]) -> argparse.Namespace:
+    """`parser.parse_args(arguments)`, with argparse's usage errors passed on with every store URL in
+    them masked: `runs postgresql://u:pw@db/x` (a forgotten `--store`) must not print the password."""
+    complaint = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(complaint):
+            return parser.parse_args(arguments)
+    finally:
+        text = complaint.getvalue()
+        for argument in arguments:
+            if (masked := redacted_url(argument)) != argument:  # quoted (`invalid choice: '...'`) or as typed
+                text = text.replace(repr(argument), repr(masked)).replace(argument, masked)
+        sys.stderr.write(text)
 
 
 async def _run_command(handler: Command, args: argparse.Namespace, out: _commands.Output) -> None:
