@@ -295,3 +295,16 @@ def test_an_empty_store_is_refused_not_replaced_by_the_environments(tmp_path: Pa
         assert result.stdout == ''
     assert ok('runs', '--json', '--store', url) == every
     assert sorted(path.name for path in tmp_path.iterdir()) == ['steps.db']  # no demo store either
+
+
+def test_delete_names_what_it_got_when_it_needs_a_run_or_a_conversation() -> None:
+    both = run_cli_inprocess('delete', 'orch-1', '--conversation', 'conv-1', '--store', 'sqlite:///unused.db')
+    neither = run_cli_inprocess('delete', '--store', 'sqlite:///unused.db')
+    assert (both.returncode, neither.returncode) == (1, 1)
+    assert both.stderr == (
+        "pydantic-ai-steps: error: delete takes a RUN or --conversation ID (one of them), got both 'orch-1' and "
+        "--conversation 'conv-1'\n"
+    )
+    assert neither.stderr == (
+        'pydantic-ai-steps: error: delete takes a RUN or --conversation ID (one of them), got neither\n'
+    )

@@ -17,7 +17,8 @@ from ._render import printable, size
 async def cmd_delete(args: argparse.Namespace, out: Output) -> None:
     """Remove one run (or every run of a conversation) with its events, snapshots, ledger and log."""
     if (args.run is None) == (args.conversation is None):
-        raise CliError('delete takes a RUN or --conversation ID (one of them)')
+        got = 'neither' if args.run is None else f'both {args.run!r} and --conversation {args.conversation!r}'
+        raise CliError(f'delete takes a RUN or --conversation ID (one of them), got {got}')
     location, store = await out.open_store(args)
     if args.run is not None:
         run_id, _ = await _inspect.resolve_run(store, args.run, location.url)
