@@ -16,7 +16,7 @@ from typing import Any, TextIO, cast
 import anyio
 import pytest
 
-from pydantic_ai_steps.cli import _commands, main
+from pydantic_ai_steps.cli import _export, main
 
 from .conftest import CLI, open_store, populate_and_close, run_cli, run_cli_inprocess
 
@@ -158,7 +158,7 @@ def test_a_failed_export_leaves_the_file_it_would_replace(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError('the store went away')
 
-    monkeypatch.setattr(_commands, 'snapshot_dict', broken)
+    monkeypatch.setattr(_export, 'snapshot_dict', broken)
     assert main(['export', runs.orchestrator, '-o', str(target), '--store', url]) == 1  # in this process: patched
     assert 'the store went away' in capsys.readouterr().err
     assert target.read_text() == 'the export of yesterday\n'
@@ -389,7 +389,7 @@ def test_a_failed_export_through_a_link_leaves_the_file_it_leads_to(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError('the store went away')  # after the run and its events were written
 
-    monkeypatch.setattr(_commands, 'snapshot_dict', broken)
+    monkeypatch.setattr(_export, 'snapshot_dict', broken)
     assert main(['export', runs.orchestrator, '-o', str(link), '--store', url]) == 1  # in this process: patched
     assert 'the store went away' in capsys.readouterr().err
     assert link.is_symlink() and real.read_text() == 'the export of yesterday\n'

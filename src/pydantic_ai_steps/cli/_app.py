@@ -18,7 +18,7 @@ import anyio
 
 from .._urls import redacted_url
 from ..store.record_checks import MAX_COUNT
-from . import _commands, _maintenance
+from . import _commands, _export, _maintenance
 from ._errors import CliError
 from ._inspect import STATUS_HELP
 from ._output import ClosedStdout, Command, Output
@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument('run', metavar='RUN', help=RUN_HELP)
     export.add_argument('--format', choices=['jsonl'], default='jsonl', help='output format (default: %(default)s)')
     export.add_argument('--output', '-o', metavar='FILE', help='write to FILE instead of stdout (- is stdout)')
-    export.set_defaults(handler=_commands.cmd_export)
+    export.set_defaults(handler=_export.cmd_export)
 
     cont = add('continue', 'print the history to continue a run with, as JSON for message_history=', store)
     cont.add_argument('run', metavar='RUN', help=RUN_HELP)
