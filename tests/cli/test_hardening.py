@@ -147,6 +147,33 @@ def test_export_refuses_to_write_over_the_store_it_reads(kind: str, tmp_path: Pa
     assert runs.orchestrator in run_cli_inprocess('runs', '--store', url).stdout
 
 
+def test_an_export_is_on_disk_before_it_replaces_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new file is flushed to disk before the rename, and the rename after it: a power cut
+    leaves the old export or the new one whole, never an empty file under the name."""
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    target = tmp_path / 'orch.jsonl'
+    target.write_text('the export of yesterday\n')
+    steps: list[tuple[str, int]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        steps.append(('fsync', os.fstat(fd).st_ino))
+        real_fsync(fd)
+
+    def replace(source: Any, destination: Any) -> None:
+        steps.append(('replace', os.stat(source).st_ino))
+        real_replace(source, destination)
+
+    monkeypatch.setattr(os, 'fsync', fsync)
+    monkeypatch.setattr(os, 'replace', replace)
+    assert main(['export', runs.orchestrator, '-o', str(target), '--store', url]) == 0
+    new_file, folder = target.stat().st_ino, tmp_path.stat().st_ino
+    assert ('fsync', new_file) in steps and steps[-1] == ('fsync', folder)
+    assert steps.index(('fsync', new_file)) < steps.index(('replace', new_file)) < len(steps) - 1
+    assert target.read_text().startswith('{"type":"run"')
+
+
 def test_a_failed_export_leaves_the_file_it_would_replace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,8 +16,10 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import Any, TextIO
 
+from .._files import fsync_dir
 from ..store.codec import effect_dict, event_dict, run_dict
 from ..store.registry import StoreLocation
 from . import _inspect
@@ -134,10 +136,11 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
     try:
         if info is not None:
             os.chmod(name, stat.S_IMODE(info.st_mode))
-        with _written(os.fdopen(descriptor, 'w', encoding='utf-8'), path) as write:
+        with _written(os.fdopen(descriptor, 'w', encoding='utf-8'), path, synced=True) as write:
             yield write
         try:
             os.replace(name, replaced)
+            fsync_dir(Path(directory))
         except OSError as error:
             raise _unwritable(path, error) from None
     except BaseException:
@@ -157,9 +160,11 @@ def _unwritable(path: str, error: OSError) -> CliError:
 
 
 @contextlib.contextmanager
-def _written(handle: TextIO, path: str) -> Generator[Callable[[str], None]]:
+def _written(handle: TextIO, path: str, *, synced: bool = False) -> Generator[Callable[[str], None]]:
     """Writes to `handle`, then closes it: a write or the close (the last buffered lines may not fit
-    either) that fails is the error naming `path`. After a failure, what is still buffered is dropped."""
+    either) that fails is the error naming `path`. After a failure, what is still buffered is dropped.
+    `synced` flushes the file to disk before it is closed: a file renamed over another must be whole
+    on disk first, or a power cut right after the export can leave it empty or short."""
     target = f'--output {path!r}'
 
     def write(text: str) -> None:
@@ -169,6 +174,9 @@ def _written(handle: TextIO, path: str) -> Generator[Callable[[str], None]]:
     try:
         yield write
         with writing(target):
+            if synced:
+                handle.flush()
+                os.fsync(handle.fileno())
             handle.close()
     finally:
         with contextlib.suppress(OSError):
