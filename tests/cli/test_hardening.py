@@ -451,3 +451,19 @@ def test_export_to_a_dash_writes_stdout_not_a_file_named_dash(tmp_path: Path) ->
     assert (dashed.returncode, dashed.stderr) == (0, '')
     assert dashed.stdout == plain.stdout and json.loads(dashed.stdout.splitlines()[0])['type'] == 'run'
     assert list((tmp_path / 'here').iterdir()) == []
+
+
+def test_a_process_without_stderr_still_runs_its_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    monkeypatch.setattr(sys, 'stderr', None)  # started with `2>&-`
+    assert main(['runs', '--store', url]) == 0
+    assert runs.orchestrator in capsys.readouterr().out
+    assert main(['export', runs.orchestrator, '-o', str(tmp_path / 'orch.jsonl'), '--store', url]) == 0
+    assert (tmp_path / 'orch.jsonl').read_text().startswith('{"type":"run"')
+    assert main(['snapshot', 'no-such-run', '--store', url]) == 1  # the exit code still tells
+    with pytest.raises(SystemExit) as exited:
+        main(['runs', '--no-such-option'])
+    assert exited.value.code == 2

@@ -325,7 +325,8 @@ def _parse(parser: argparse.ArgumentParser, arguments: list[str]) -> argparse.Na
         for argument in arguments:
             if (masked := redacted_url(argument)) != argument:  # quoted (`invalid choice: '...'`) or as typed
                 text = text.replace(repr(argument), repr(masked)).replace(argument, masked)
-        sys.stderr.write(text)
+        if text and sys.stderr is not None:  # `None` when started with `2>&-`: the command still runs
+            sys.stderr.write(text)
 
 
 async def _run_command(handler: Command, args: argparse.Namespace, out: _commands.Output) -> None:
@@ -338,4 +339,5 @@ async def _run_command(handler: Command, args: argparse.Namespace, out: _command
 def _error(message: str) -> None:
     """One line on stderr; what the message quotes (a store's text, a run id) is escaped, never obeyed."""
     first_line = ' '.join(printable(message.split('\n')[0]).split()) if message else 'unknown error'
-    sys.stderr.write(f'{PROG}: error: {first_line}\n')
+    if sys.stderr is not None:  # started with `2>&-`: the exit code still tells
+        sys.stderr.write(f'{PROG}: error: {first_line}\n')

@@ -55,7 +55,7 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> None:
         for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
             _jsonl(write, {'type': 'snapshot', **snapshot_dict(snapshot)})
         progress(4, 4)
-    if output is not None:
+    if output is not None and sys.stderr is not None:  # `None` when started with `2>&-`
         sys.stderr.write(f'exported run {printable(run_id)} to {printable(output)}\n')
 
 
