@@ -10,6 +10,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -440,6 +441,39 @@ def test_export_to_dev_stdout_appended_to_a_file_keeps_what_the_file_held(tmp_pa
     assert result.returncode == 0, result.stderr
     lines = log.read_text().splitlines()
     assert lines[0] == '{"type":"earlier"}' and json.loads(lines[1])['type'] == 'run' and len(lines) > 2
+
+
+@pytest.mark.skipif(not Path('/dev/stdout').exists(), reason='no /dev/stdout here')
+def test_export_through_a_link_to_dev_stdout_writes_through_and_to_a_file_under_dev_replaces_it(
+    tmp_path: Path,
+) -> None:
+    """What decides is whether the link leads to a descriptor, not where its file lies: a file in
+    `/dev/shm` is replaced whole, never added to."""
+    store, url = open_store('sqlite', tmp_path)
+    runs = anyio.run(populate_and_close, store)
+    log = tmp_path / 'log.jsonl'
+    log.write_text('{"type":"earlier"}\n')
+    (tmp_path / 'to-stdout').symlink_to('/dev/stdout')
+    with log.open('a') as appended:
+        result = subprocess.run(
+            [*CLI, 'export', runs.orchestrator, '-o', str(tmp_path / 'to-stdout'), '--store', url],
+            stdout=appended,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    assert log.read_text().splitlines()[0] == '{"type":"earlier"}' and (tmp_path / 'to-stdout').is_symlink()
+    if not Path('/dev/shm').is_dir() or not os.access('/dev/shm', os.W_OK):
+        return
+    with tempfile.TemporaryDirectory(dir='/dev/shm') as shm:
+        real = Path(shm, 'orch.jsonl')
+        real.write_text('the export of yesterday\n')
+        link = tmp_path / 'latest.jsonl'
+        link.symlink_to(real)
+        done = run_cli_inprocess('export', runs.orchestrator, '-o', str(link), '--store', url)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(real.read_text().splitlines()[0])['type'] == 'run' and link.is_symlink()
 
 
 def test_export_to_a_dash_writes_stdout_not_a_file_named_dash(tmp_path: Path) -> None:

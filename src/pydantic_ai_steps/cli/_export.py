@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -109,7 +110,7 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
     except OSError as error:  # a folder on the way is a file, or may not be searched
         raise _unwritable(path, error) from None
     replaced = path
-    if info is not None and stat.S_ISLNK(info.st_mode) and not _under_dev_or_proc(path):
+    if info is not None and stat.S_ISLNK(info.st_mode) and not _leads_to_a_descriptor(path):
         replaced = os.path.realpath(path)  # the link stays, and leads to the new file
         try:
             info = os.lstat(replaced)
@@ -149,10 +150,24 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
         raise
 
 
-def _under_dev_or_proc(path: str) -> bool:
-    """`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`: a link to what the shell opened (a pipe, or a file
-    opened for appending), written through, never replaced."""
-    return any(where.startswith(('/dev/', '/proc/')) for where in (os.path.abspath(path), os.path.realpath(path)))
+def _leads_to_a_descriptor(path: str) -> bool:
+    """Whether the link at `path` leads, link by link, through `/proc/<pid>/fd/<n>`: `/dev/stdout`,
+    `/dev/fd/1`, `/proc/self/fd/1` (or a link to one) name what the shell opened (a pipe, or a file
+    opened for appending), written through, never replaced. A link to a file that merely lies under
+    `/dev` (`/dev/shm`) is a file like any other."""
+    where = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        where = os.path.join(os.path.realpath(os.path.dirname(where)), os.path.basename(where))
+        if _DESCRIPTOR.fullmatch(where):
+            return True
+        try:
+            where = os.path.normpath(os.path.join(os.path.dirname(where), os.readlink(where)))
+        except OSError:  # not a link: the end of the chain
+            return False
+    return False
+
+
+_DESCRIPTOR = re.compile(r'/proc/[^/]+/fd/[0-9]+')
 
 
 def _unwritable(path: str, error: OSError) -> CliError:
