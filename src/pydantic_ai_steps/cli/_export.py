@@ -151,7 +151,7 @@ def _replacing(path: str) -> Generator[Callable[[str], None]]:
 
 
 def _leads_to_a_descriptor(path: str) -> bool:
-    """Whether the link at `path` leads, link by link, through `/proc/<pid>/fd/<n>`: `/dev/stdout`,
+    """Whether the link at `path` leads, link by link, through a descriptor (`_DESCRIPTOR`): `/dev/stdout`,
     `/dev/fd/1`, `/proc/self/fd/1` (or a link to one) name what the shell opened (a pipe, or a file
     opened for appending), written through, never replaced. A link to a file that merely lies under
     `/dev` (`/dev/shm`) is a file like any other."""
@@ -167,7 +167,8 @@ def _leads_to_a_descriptor(path: str) -> bool:
     return False
 
 
-_DESCRIPTOR = re.compile(r'/proc/[^/]+/fd/[0-9]+')
+_DESCRIPTOR = re.compile(r'/proc/[^/]+/fd/[0-9]+|/dev/fd/[0-9]+')
+"""Linux's descriptor links, and the BSDs' and macOS's `/dev/fd` (not links to `/proc` there)."""
 
 
 def _unwritable(path: str, error: OSError) -> CliError:
