@@ -308,3 +308,5 @@ def test_delete_names_what_it_got_when_it_needs_a_run_or_a_conversation() -> Non
     assert neither.stderr == (
         'pydantic-ai-steps: error: delete takes a RUN or --conversation ID (one of them), got neither\n'
     )
+    long = run_cli_inprocess('delete', 'r' * 5000, '--conversation', 'c', '--store', 'sqlite:///unused.db')
+    assert "(5000 characters) and --conversation 'c'" in long.stderr and len(long.stderr) < 500

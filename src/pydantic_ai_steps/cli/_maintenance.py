@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from datetime import timedelta
 
+from .._errors import shortened
 from ..store.maintenance import MIN_LIVE_GRACE, GarbageResult
 from ..store.protocol import ManagedStepStore
 from . import _inspect
@@ -17,7 +18,11 @@ from ._render import printable, size
 async def cmd_delete(args: argparse.Namespace, out: Output) -> None:
     """Remove one run (or every run of a conversation) with its events, snapshots, ledger and log."""
     if (args.run is None) == (args.conversation is None):
-        got = 'neither' if args.run is None else f'both {args.run!r} and --conversation {args.conversation!r}'
+        got = (
+            'neither'
+            if args.run is None
+            else f'both {shortened(args.run)} and --conversation {shortened(args.conversation)}'
+        )
         raise CliError(f'delete takes a RUN or --conversation ID (one of them), got {got}')
     location, store = await out.open_store(args)
     if args.run is not None:
