@@ -243,3 +243,68 @@ async def test_deltas_from_an_encoder_without_media_read_back_with_marker_like_v
         loaded = await store.latest_snapshot(run_id='r')
         assert loaded is not None
         assert ModelMessagesTypeAdapter.dump_json(loaded.messages) == ModelMessagesTypeAdapter.dump_json(messages)
+
+
+class _SingleCallsOnly(_WholeHistoriesOnly):
+    """A step store with only the single-record calls (no `write_records`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == 'write_records':
+            raise AttributeError(name)
+        return super().__getattr__(name)
+
+
+@pytest.mark.parametrize('kind', ['file store', 'single calls'])
+async def test_a_registration_retried_after_its_run_was_stored_but_not_its_events_writes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A worker killed between the run record and `run_started` (the File store writes them one after
+    the other; a store of single calls in two calls): the engine runs the operation again, which
+    finds the run registered under its own registration id and must still write the event."""
+    from pydantic_ai_steps.capability._operations import EventNote, RegistrationNote
+    from pydantic_ai_steps.step_persistence import FileStepStore
+    from pydantic_ai_steps.store.backends.file._backend import FileBackend
+
+    killed: list[str] = []
+    store: Any
+    if kind == 'file store':
+        store = FileStepStore(tmp_path / 'steps')
+        original = FileBackend._append_events  # pyright: ignore[reportPrivateUsage]
+
+        def append_events(self: Any, state: Any, rows: Any) -> None:
+            if not killed:
+                killed.append('events')
+                raise ConnectionError('the worker died here')
+            original(self, state, rows)
+
+        monkeypatch.setattr(FileBackend, '_append_events', append_events)
+    else:
+        store = _SingleCallsOnly(InMemoryStepStore())
+        original_append = store.append_event
+
+        async def append_event(event: Any) -> None:
+            if not killed:
+                killed.append('events')
+                raise ConnectionError('the worker died here')
+            await original_append(event)
+
+        store.append_event = append_event
+    persistence = StepPersistence[None](store=store, run_id='r')
+    body = inspect.unwrap(StoreOperations._write_records)  # pyright: ignore[reportPrivateUsage]
+    started = _internals.utc_now()
+    batch: dict[str, Any] = {
+        'run_id': 'r',
+        'conversation_id': None,
+        'parent_run_id': None,
+        'agent_name': None,
+        'metadata': {},
+        'registration': RegistrationNote(registration_id='registration-1', started_at=started),
+        'events': [EventNote(kind='run_started', step_index=0, event_index=0, timestamp=started)],
+    }
+    with pytest.raises(ConnectionError):
+        await body(persistence, **batch)
+    assert (await store.get_run(run_id='r')) is not None and await store.list_events(run_id='r') == []
+    assert (await body(persistence, **batch)).run_id == 'r'
+    assert [event.kind for event in await store.list_events(run_id='r')] == ['run_started']
+    assert (await body(persistence, **batch)).run_id == 'r'  # and once only
+    assert [event.kind for event in await store.list_events(run_id='r')] == ['run_started']

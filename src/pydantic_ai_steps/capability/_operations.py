@@ -294,23 +294,23 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
                 forked_from=registration.forked_from,
             )
 
+            with_events: set[str] = set()
+
             async def register(candidate: RunRecord) -> None:
-                opening = [replace(event, run_id=candidate.run_id) for event in event_records]
                 if isinstance(store, RecordBatchStore):
+                    opening = [replace(event, run_id=candidate.run_id) for event in event_records]
                     await store.write_records(run=candidate, events=opening)
+                    with_events.add(candidate.run_id)
                 else:
                     await store.register_run(candidate)
-                    for event in opening:
-                        await store.append_event(event)
 
             claimed = await claim_run_id(store, record, register, registration.derived_from)
+            if claimed not in with_events:  # single calls, or a retry that found the run registered, maybe without them
+                await _write(store, None, [], [replace(event, run_id=claimed) for event in event_records])
             return BatchResult(run_id=claimed)
         effects = [await self._effect(run_id, note) for note in tool_effects or ()]
         if snapshot is None:
-            if isinstance(store, RecordBatchStore):
-                await store.write_records(tool_effects=effects, events=event_records)
-            else:
-                await _one_by_one(store, None, effects, event_records)
+            await _write(store, None, effects, event_records)
             return BatchResult(run_id=run_id)
         key = snapshot_key(snapshot.snapshot_index, snapshot.step_index, snapshot.state)
         if isinstance(store, DeltaSnapshotStore):
@@ -344,10 +344,7 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
             state=snapshot.state,
             idempotency_key=key,
         )
-        if isinstance(store, RecordBatchStore):
-            await store.write_records(snapshot=whole, tool_effects=effects, events=event_records)
-        else:
-            await _one_by_one(store, whole, effects, event_records)
+        await _write(store, whole, effects, event_records)
         return BatchResult(run_id=run_id)
 
     async def _effect(self, run_id: str, note: EffectNote) -> ToolEffectRecord:
@@ -369,10 +366,13 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
         return record
 
 
-async def _one_by_one(
+async def _write(
     store: StepStore, snapshot: ContinuableSnapshot | None, effects: list[ToolEffectRecord], events: list[StepEvent]
 ) -> None:
-    """`write_records` for a store that only has the single calls, in the same order."""
+    """`write_records`, or for a store that only has the single calls, those, in the same order."""
+    if isinstance(store, RecordBatchStore):
+        await store.write_records(snapshot=snapshot, tool_effects=effects, events=events)
+        return
     if snapshot is not None:
         await store.save_snapshot(snapshot)
     for effect in effects:
