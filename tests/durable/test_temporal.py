@@ -159,3 +159,48 @@ async def test_a_workflow_recorded_before_write_records_replays_its_single_recor
     await support.check_one_clean_run(tmp_path, expected, 'temporal_agent')
     names = [name.rsplit('__', 1)[-1] for name in await activity_names(client, handle.id) if support.OPERATION in name]
     assert 'write_records' not in names and names.count('save_snapshot') == support.CYCLES + 2, names
+
+
+async def test_a_write_the_store_refuses_fails_the_workflow_instead_of_being_retried_forever(
+    tmp_path: Path, client: Client
+) -> None:
+    """A refusal is deterministic (here a run id given explicitly that an earlier run holds): Temporal
+    would retry the activity without end, and the workflow would never finish."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+    from temporalio.worker import Worker
+
+    from pydantic_ai_steps import StepPersistence
+    from pydantic_ai_steps.step_persistence import RunRecord
+
+    from .temporal_worker import ACTIVITIES
+    from .temporal_workflows import RunDurableAgent
+
+    store = support.agents.open_store(tmp_path)
+    await store.register_run(RunRecord(run_id='taken'))
+    agent = Agent(
+        TestModel(),
+        name='refused_agent',
+        capabilities=[
+            temporal_durability.TemporalDurability(activity_config=ACTIVITIES),
+            StepPersistence(store=store, run_id='taken'),
+        ],
+    )
+    support.agents.AGENTS['refused_agent'] = agent
+    queue = f'steps-{uuid.uuid4().hex[:8]}'
+    try:
+        async with Worker(
+            client, task_queue=queue, workflows=[RunDurableAgent], plugins=[temporal_durability.AgentPlugin(agent)]
+        ):
+            handle = await start(client, queue, 'refused_agent')
+            with pytest.raises(WorkflowFailureError) as failure, anyio.fail_after(30):
+                await handle.result()
+    finally:
+        support.agents.AGENTS.pop('refused_agent', None)
+        await store.aclose()
+    causes: list[str] = []
+    cause: BaseException | None = failure.value
+    while cause is not None:
+        causes.append(f'{type(cause).__name__}: {cause}')
+        cause = cause.__cause__
+    assert any('RunAlreadyExistsError' in text and 'taken' in text for text in causes), causes

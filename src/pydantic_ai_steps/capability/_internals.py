@@ -13,24 +13,33 @@
 - The engines' own "am I in workflow code" calls (`DBOS.workflow_id` / `DBOS.step_id`,
   `temporalio.workflow.in_workflow()`), asked only of an engine already imported, and what tells
   a workflow recorded before `write_records` from a new one (Temporal's patch marker, DBOS's list
-  of recorded steps).
+  of recorded steps); and Temporal's non-retryable `ApplicationError`, for a store's refusal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from pydantic_ai.tools import RunContext
 
+from .._errors import (
+    InvalidRecordError,
+    InvalidRunIdError,
+    RecordTooLargeError,
+    RunAlreadyExistsError,
+    RunNotFoundError,
+)
 from .._records import utc_now
 
 _R = TypeVar('_R')
+_P = ParamSpec('_P')
 _ABSENT = object()
 
 
@@ -81,6 +90,33 @@ async def call_operation(
         undecorated = cast(Callable[..., Awaitable[_R]], inspect.unwrap(operation))
         return await undecorated(owner, *args, **kwargs)
     return cast(_R, await dispatcher(ctx, args, kwargs))
+
+
+REFUSALS = (InvalidRecordError, RecordTooLargeError, RunAlreadyExistsError, RunNotFoundError, InvalidRunIdError)
+"""A store's refusal of a write: the same every time it is tried."""
+
+
+def refusals_are_final(operation: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
+    """A durable operation whose store refuses its write fails for good.
+
+    Temporal retries a failed activity without end unless its error is non-retryable, so a refused
+    record would leave the workflow retrying it forever instead of failing the run. DBOS records the
+    failed step as it is. A run without an engine calls the undecorated method (`call_operation`).
+    """
+
+    @functools.wraps(operation)
+    async def final(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await operation(*args, **kwargs)
+        except REFUSALS as error:
+            temporal_activity: Any = sys.modules.get('temporalio.activity')
+            if temporal_activity is None or not temporal_activity.in_activity():
+                raise
+            from temporalio.exceptions import ApplicationError
+
+            raise ApplicationError(str(error), type=type(error).__name__, non_retryable=True) from error
+
+    return final
 
 
 WRITE_RECORDS_PATCH = 'pydantic-ai-steps:write-records'

@@ -51,6 +51,7 @@ from .._records import (
 )
 from ..store.history import messages_from_json
 from ..store.protocol import DeltaSnapshotStore, RecordBatchStore, SnapshotDelta, StepStore
+from ._internals import refusals_are_final
 from ._run_ids import claim_run_id
 
 # --- the arguments of `write_records` --------------------------------------------------------------
@@ -143,6 +144,7 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
         return str(uuid.uuid4())
 
     @durable_operation(name='register_run')
+    @refusals_are_final
     async def _register_run(
         self,
         *,
@@ -175,6 +177,7 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
         return await claim_run_id(self.store, record, self.store.register_run, self._derived_from)
 
     @durable_operation(name='append_event')
+    @refusals_are_final
     async def _append_event(
         self,
         *,
@@ -204,6 +207,7 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
         await self.store.append_event(event_record(note, run_id, conversation_id, parent_run_id, agent_name, metadata))
 
     @durable_operation(name='save_snapshot')
+    @refusals_are_final
     async def _save_snapshot(
         self,
         *,
@@ -233,12 +237,14 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
         )
 
     @durable_operation(name='record_tool_effect')
+    @refusals_are_final
     async def _record_tool_started(self, run_id: str, tool_call_id: str, tool_name: str) -> None:
         await self.store.record_tool_effect(
             ToolEffectRecord(tool_call_id=tool_call_id, tool_name=tool_name, run_id=run_id, status='started')
         )
 
     @durable_operation(name='finish_tool_effect')
+    @refusals_are_final
     async def _finish_tool_effect(
         self,
         run_id: str,
@@ -252,6 +258,7 @@ class StoreOperations(AbstractCapability[AgentDepsT]):
         await self.store.record_tool_effect(closed_entry(prior, run_id, tool_call_id, tool_name, status, error))
 
     @durable_operation(name='write_records')
+    @refusals_are_final
     async def _write_records(
         self,
         *,
