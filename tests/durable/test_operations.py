@@ -308,3 +308,44 @@ async def test_a_registration_retried_after_its_run_was_stored_but_not_its_event
     assert [event.kind for event in await store.list_events(run_id='r')] == ['run_started']
     assert (await body(persistence, **batch)).run_id == 'r'  # and once only
     assert [event.kind for event in await store.list_events(run_id='r')] == ['run_started']
+
+
+async def test_parallel_tool_calls_key_their_events_alike_whichever_ends_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under DBOS the calls run in workflow code, and a recovery (their steps answered from the
+    journal) may end them in another order than the first execution did. A boundary write the
+    recovery runs again (it committed, but DBOS never recorded it) must carry the same event keys,
+    or the store gets every closing event twice."""
+    import anyio
+
+    from pydantic_ai_steps.capability._operations import event_record
+
+    batches = take_engine_path(monkeypatch)
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(
+                parts=[
+                    ToolCallPart('work', {'who': 'a'}, tool_call_id='a'),
+                    ToolCallPart('work', {'who': 'b'}, tool_call_id='b'),
+                ]
+            )
+        return ModelResponse(parts=[TextPart('done')])
+
+    def build(slow: str) -> Agent[None, str]:
+        agent = Agent(FunctionModel(model), capabilities=[StepPersistence(store=InMemoryStepStore(), run_id='r')])
+
+        @agent.tool_plain
+        async def work(who: str) -> str:  # pyright: ignore[reportUnusedFunction]
+            await anyio.sleep(0.05 if who == slow else 0)
+            return who
+
+        return agent
+
+    keys: list[list[str]] = []
+    for slow in ('a', 'b'):
+        agent = build(slow)
+        batches.clear()
+        assert (await agent.run('go')).output == 'done'
+        notes = [note for batch in batches for note in batch.get('events') or ()]
+        keys.append(sorted(event_record(note, 'r', None, None, None, {}).idempotency_key or '' for note in notes))
+    assert keys[0] == keys[1]

@@ -141,10 +141,12 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         tool_name: str | None = None,
         error: str | None = None,
         tool_args: str | None = None,
+        index: int | None = None,
     ) -> EventNote:
-        """An event happening now; the run's own fields (id, lineage, metadata) are the writer's to add."""
-        index = self._event_sequence
-        self._event_sequence += 1
+        """An event happening now; the run's own fields (id, lineage, metadata) are the writer's to add.
+        `index` is one reserved earlier (`_reserve_index`), else the next."""
+        if index is None:
+            index = self._reserve_index()
         return EventNote(
             kind=kind,
             step_index=ctx.run_step,
@@ -156,6 +158,11 @@ class StepPersistence(StoreOperations[AgentDepsT]):
             tool_args=tool_args,
         )
 
+    def _reserve_index(self) -> int:
+        index = self._event_sequence
+        self._event_sequence += 1
+        return index
+
     async def _record(
         self,
         ctx: RunContext[AgentDepsT],
@@ -165,10 +172,11 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         tool_call_id: str | None = None,
         tool_name: str | None = None,
         error: str | None = None,
+        index: int | None = None,
     ) -> None:
         """Record an event. The run's opening and closing events are written at once unless `defer`
         (a caller that writes right after: the final snapshot)."""
-        event = self._event(ctx, kind, tool_call_id=tool_call_id, tool_name=tool_name, error=error)
+        event = self._event(ctx, kind, tool_call_id=tool_call_id, tool_name=tool_name, error=error, index=index)
         await self._out.event(ctx, event, now=kind in _OPENING_AND_CLOSING and not defer)
 
     # --- run lifecycle ----------------------------------------------------------------------
@@ -299,6 +307,9 @@ class StepPersistence(StoreOperations[AgentDepsT]):
         opening = self._event(
             ctx, 'tool_call_started', tool_call_id=call_id, tool_name=name, tool_args=_args_text(call)
         )
+        # The closing event's index (in its idempotency key) is taken now: parallel calls end in
+        # any order, and a durable replay that ends them in another must key them alike.
+        closing = self._reserve_index()
         await out.tool_started(ctx, run_id, call_id, name, opening)
         call_token = _context.current_tool_call_id.set(call_id)
         ledger_token = _context.active_ledger.set(out)
@@ -312,13 +323,15 @@ class StepPersistence(StoreOperations[AgentDepsT]):
             reason = describe_tool_error(error)
             with anyio.CancelScope(shield=True):
                 await out.tool_closed(ctx, run_id, call_id, name, 'failed', reason)
-                await self._record(ctx, 'tool_call_failed', tool_call_id=call_id, tool_name=name, error=reason)
+                await self._record(
+                    ctx, 'tool_call_failed', tool_call_id=call_id, tool_name=name, error=reason, index=closing
+                )
             raise
         finally:
             _context.active_ledger.reset(ledger_token)
             _context.current_tool_call_id.reset(call_token)
         await out.tool_closed(ctx, run_id, call_id, name, 'completed', None)
-        await self._record(ctx, 'tool_call_completed', tool_call_id=call_id, tool_name=name)
+        await self._record(ctx, 'tool_call_completed', tool_call_id=call_id, tool_name=name, index=closing)
         return result
 
     # --- node boundaries ------------------------------------------------------------------
