@@ -145,8 +145,9 @@ class StepPersistence(StoreOperations[AgentDepsT]):
     ) -> EventNote:
         """An event happening now; the run's own fields (id, lineage, metadata) are the writer's to add.
         `index` is one reserved earlier (`_reserve_index`), else the next."""
-        if index is None:
-            index = self._reserve_index()
+        if index is None:  # inline: every event of a step comes through here
+            index = self._event_sequence
+            self._event_sequence += 1
         return EventNote(
             kind=kind,
             step_index=ctx.run_step,
