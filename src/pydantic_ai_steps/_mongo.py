@@ -12,17 +12,21 @@
   collection is one `bulk_write` of that collection, in the same order.
 - BSON limits, checked before anything is sent: `checked_document` (a document over 16 MiB, a key
   with a NUL byte, an integer beyond 64 bits raise errors naming the record).
+- A server that cannot be reached: `reports_unreachable` makes each I/O method of a store raise
+  `StoreUnavailableError` (see `ClientHandle.unreachable`), as the PostgreSQL stores do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any, Literal, NoReturn, SupportsIndex, cast
+from typing import Any, Literal, NoReturn, SupportsIndex, TypeVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
 import bson
@@ -30,11 +34,20 @@ from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, ReadPreference, common
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, ClientBulkWriteException, InvalidOperation, OperationFailure, PyMongoError
+from pymongo.errors import (
+    AutoReconnect,
+    BulkWriteError,
+    ClientBulkWriteException,
+    ConfigurationError,
+    InvalidOperation,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
 from pymongo.operations import DeleteMany, InsertOne, UpdateMany, UpdateOne
 from pymongo.uri_parser import parse_uri
 
-from ._errors import InvalidRecordError, RecordTooLargeError
+from ._errors import InvalidRecordError, RecordTooLargeError, StoreUnavailableError
 from ._urls import redacted_url
 
 Document = dict[str, Any]
@@ -116,6 +129,18 @@ class ClientHandle:
         """How a repr names the connection: the URL without its password, or `client=<caller-owned>`."""
         return f'db_url={redacted_url(self._url)!r}' if self._url is not None else 'client=<caller-owned>'
 
+    def unreachable(self, error: BaseException) -> StoreUnavailableError | None:
+        """`StoreUnavailableError` naming the server (never the password) if `error` says it could not be
+        reached, else `None` (see `nothing_reached`)."""
+        if not nothing_reached(error):
+            return None
+        if self._url is not None:
+            where = f'named by db_url={redacted_url(self._url)!r}'
+        else:
+            known = self._client.topology_description.server_descriptions() if self._client is not None else {}
+            where = f'of client= ({", ".join(f"{host}:{port}" for host, port in known)})'
+        return StoreUnavailableError(f'the MongoDB server {where} could not be reached: {driver_said(error)}')
+
     def get(self) -> MongoClient:
         """The client to use now, on the running event loop."""
         if self._url is None:
@@ -152,6 +177,84 @@ async def _close_when_cancelled(client: MongoClient) -> None:
         await asyncio.Event().wait()
     finally:
         await client.close()
+
+
+def nothing_reached(error: BaseException) -> bool:
+    """Whether pymongo's `error` says no server could be reached, so nothing of the operation was sent.
+
+    - `ServerSelectionTimeoutError`: no server answered within `serverSelectionTimeoutMS` (refused,
+      unknown host, down). pymongo raises it only when no attempt of the operation went out: a retry
+      that cannot select a server raises the first attempt's error instead.
+    - A `ConnectionFailure` caused by `ConnectionRefusedError`: opening a new connection was refused.
+    - A `ConfigurationError` caused by the DNS lookup of a `mongodb+srv://` host (no such name, no
+      answer in time): PostgreSQL's stores report an unknown host the same way.
+
+    A connection lost or timing out during a command (`AutoReconnect`, `NetworkTimeout`) stays
+    pymongo's error: the server may have applied the command, as with the PostgreSQL stores, where
+    a connection lost mid-statement stays the driver's error.
+    """
+    cause = error.__cause__
+    if isinstance(error, ServerSelectionTimeoutError):
+        return True
+    if isinstance(error, AutoReconnect):
+        return isinstance(cause, ConnectionRefusedError)
+    return isinstance(error, ConfigurationError) and type(cause).__module__.startswith('dns.')
+
+
+def driver_said(error: BaseException) -> str:
+    """pymongo's message without what it appends: the configured timeouts and the whole topology."""
+    return str(error).split(' (configured timeouts', 1)[0].split(', Timeout:', 1)[0]
+
+
+_C = TypeVar('_C', bound=type)
+
+
+def reports_unreachable(handle_attribute: str) -> Callable[[_C], _C]:
+    """A class decorator: each public async method and async generator of the class raises
+    `StoreUnavailableError` (chained from pymongo's error) where its server could not be reached.
+    `handle_attribute` names the instance's `ClientHandle`. One rule for every call, not a `try` each."""
+
+    def decorate(cls: _C) -> _C:
+        for name, member in list(vars(cls).items()):
+            if name.startswith('_'):
+                continue
+            if inspect.iscoroutinefunction(member):
+                setattr(cls, name, _reporting_coroutine(member, handle_attribute))
+            elif inspect.isasyncgenfunction(member):
+                setattr(cls, name, _reporting_generator(member, handle_attribute))
+        return cls
+
+    return decorate
+
+
+def _reporting_coroutine(method: Callable[..., Awaitable[Any]], attribute: str) -> object:
+    @functools.wraps(method)
+    async def reporting(self: object, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except PyMongoError as error:
+            unavailable = cast(ClientHandle, getattr(self, attribute)).unreachable(error)
+            if unavailable is None:
+                raise
+            raise unavailable from error
+
+    return reporting
+
+
+def _reporting_generator(method: Callable[..., AsyncGenerator[Any, None]], attribute: str) -> object:
+    @functools.wraps(method)
+    async def reporting(self: object, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        try:
+            async with contextlib.aclosing(method(self, *args, **kwargs)) as items:
+                async for item in items:
+                    yield item
+        except PyMongoError as error:
+            unavailable = cast(ClientHandle, getattr(self, attribute)).unreachable(error)
+            if unavailable is None:
+                raise
+            raise unavailable from error
+
+    return reporting
 
 
 def collection(database: AsyncDatabase[Document], name: str) -> AsyncCollection[Document]:
@@ -331,5 +434,8 @@ __all__ = [
     'check_database_name',
     'checked_document',
     'collection',
+    'driver_said',
     'is_duplicate',
+    'nothing_reached',
+    'reports_unreachable',
 ]

@@ -97,10 +97,12 @@ def unreachable(error: BaseException) -> str | None:
         return str(error)
     try:
         from pymongo.errors import ConnectionFailure
+
+        from .._mongo import driver_said
     except ImportError:  # pragma: no cover - the mongodb extra is not installed
         return None
     if isinstance(error, ConnectionFailure):
-        return str(error).split(' (configured timeouts', 1)[0].split(', Timeout:', 1)[0]
+        return driver_said(error)
     return None
 
 

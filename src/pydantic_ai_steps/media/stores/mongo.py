@@ -51,6 +51,7 @@ from ..._mongo import (
     check_database_name,
     checked_document,
     collection,
+    reports_unreachable,
 )
 from ..._records import utc_now
 from ...store.maintenance import BlobInfo
@@ -75,6 +76,7 @@ _HASH_INLINE_BYTES = 1 << 20
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+@reports_unreachable('_handle')
 class MongoMediaStore(AsyncClosing):
     """A `MediaStore` keeping each blob as a manifest and chunks in MongoDB (see the module docs).
 

@@ -60,6 +60,7 @@ from ...._mongo import (
     WriteFailed,
     Writer,
     collection,
+    reports_unreachable,
 )
 from ...._records import RunQuery, utc_now
 from ...backend import (
@@ -99,6 +100,7 @@ MAX_TEXT_BYTES = MAX_DOCUMENT_BYTES - 1024
 fields (a run id is at most 200 characters, 800 bytes)."""
 
 
+@reports_unreachable('handle')
 class MongoBackend:
     """I/O of `MongoStepStore`: documents, indexes and the layouts of older releases (see the module docs)."""
 
