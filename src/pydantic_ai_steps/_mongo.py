@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import ipaddress
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,9 +46,9 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 from pymongo.operations import DeleteMany, InsertOne, UpdateMany, UpdateOne
-from pymongo.uri_parser import parse_uri
+from pymongo.uri_parser import parse_uri, split_options
 
-from ._errors import InvalidRecordError, RecordTooLargeError, StoreUnavailableError
+from ._errors import InvalidRecordError, RecordTooLargeError, StoreUnavailableError, StoreUrlError
 from ._urls import redacted_url
 
 Document = dict[str, Any]
@@ -72,17 +73,44 @@ def check_database_name(database: object, owner: str) -> str:
 
 
 def url_problem(db_url: str) -> str | None:
-    """What pymongo finds wrong with a `mongodb://` URL (never the URL itself: it may hold a
-    password), or `None`; an SRV URL is checked later, by its DNS lookup."""
-    if not db_url.startswith('mongodb://'):
-        return None
+    """What pymongo finds wrong with a MongoDB URL (never the URL itself: it may hold a password), or
+    `None`. Everything found without a server: what the store's client finds when it is made
+    (`new_client`: the credentials a mechanism needs, a TLS file it cannot read), an unknown or
+    invalid option (the client only warns of one), and a `mongodb+srv://` host that is an IP address
+    (which pymongo finds only at the first call, when it would look up the name's DNS records)."""
+    scheme, _, rest = db_url.partition('://')
     try:
-        parse_uri(db_url)
-    except (PyMongoError, ValueError, OSError) as error:  # OSError: a TLS file it cannot read
+        if scheme == 'mongodb':
+            parse_uri(db_url)
+        else:  # an SRV URL: its options checked as above, its hosts by the client, its DNS lookup later
+            query = rest.partition('?')[2]
+            if query:
+                split_options(query, validate=True, warn=False)
+        client = new_client(db_url)
+        host = next(iter(client.topology_description.server_descriptions()), ('', None))[0]
+        if scheme == 'mongodb+srv' and _is_ip_address(host):
+            return (
+                'a mongodb+srv:// URL names a host whose DNS records list the servers, not an IP address; '
+                'to name the server itself, use mongodb://'
+            )
+    except (PyMongoError, ValueError, OSError, TypeError) as error:  # OSError: a TLS file it cannot read
         said = str(error)
         unknown = _unknown_options(db_url) if said.startswith('Unknown option') else []
         return f'unknown option {", ".join(map(repr, unknown))}: {said}' if unknown else said  # pymongo names none
     return None
+
+
+def new_client(db_url: str) -> MongoClient:
+    """The client a store opens from `db_url` (it connects at its first call)."""
+    return AsyncMongoClient(db_url, tz_aware=True, appname='pydantic-ai-steps')
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _unknown_options(db_url: str) -> list[str]:
@@ -106,10 +134,10 @@ class ClientHandle:
         url = cast(object, db_url)
         if url is not None and (not isinstance(url, str) or not url.startswith(('mongodb://', 'mongodb+srv://'))):
             shown = redacted_url(url) if isinstance(url, str) else repr(url)
-            raise ValueError(f'{owner} db_url= must be a mongodb:// or mongodb+srv:// URL, got {shown}')
+            raise StoreUrlError(f'{owner} db_url= must be a mongodb:// or mongodb+srv:// URL, got {shown}')
         problem = None if db_url is None else url_problem(db_url)
         if db_url is not None and problem is not None:
-            raise ValueError(f'{owner} db_url={redacted_url(db_url)!r} is not a usable URL: {problem}') from None
+            raise StoreUrlError(f'{owner} db_url={redacted_url(db_url)!r} is not a usable URL: {problem}') from None
         self._client = client
         self._url = db_url
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -148,7 +176,7 @@ class ClientHandle:
             return self._client
         loop = asyncio.get_running_loop()
         if self._client is None or (self._loop is not loop and (self._loop is None or self._loop.is_closed())):
-            opened: MongoClient = AsyncMongoClient(self._url, tz_aware=True, appname='pydantic-ai-steps')
+            opened = new_client(self._url)
             self._client, self._loop = opened, loop
             self._closer = loop.create_task(
                 _close_when_cancelled(opened), name='pydantic-ai-steps: close MongoDB client'
