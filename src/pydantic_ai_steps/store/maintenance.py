@@ -84,8 +84,9 @@ class PreparesCollection(Protocol):
     """A media store with work to do before a collection lists its blobs, which `list_blobs` (a dry
     run's only call) never does: blobs that carry no put time (the upstream package's MongoDB
     manifests and SQLite rows), which it lists as just put, are dated now, so a blob becomes
-    collectable one grace period after the first collection that dated it; the temporary files of
-    killed puts and deletes are tidied (`DiskMediaStore`)."""
+    collectable one grace period after the first collection that dated it; what killed puts and
+    deletes left is tidied an hour later (`DiskMediaStore`'s temporary files, `MongoMediaStore`'s
+    chunks no manifest names)."""
 
     async def prepare_collection(self) -> None: ...
 

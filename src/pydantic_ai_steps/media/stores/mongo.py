@@ -20,7 +20,9 @@ package have no `chunk_set`: their chunks are found by `files_id` and `chunk_siz
 media type and metadata stay). Otherwise the chunks, then the manifest (an upsert, so the first of
 two concurrent puts wins and the other removes its own chunks), in one client-level `bulkWrite`
 (MongoDB 8.0+; pymongo splits it in messages of 48 MB; older servers get one `insert_many` and
-one `update_one`). A put cut short leaves chunks no manifest names: never read, never listed.
+one `update_one`). A put cut short leaves chunks no manifest names: never read, never listed, and
+removed by a collection an hour later (`tidy_orphan_chunks`), as are the spare chunks of a put that
+lost the race and was killed before removing them, and those of a delete killed between its two steps.
 `get` reads the manifest and the chunks, checks their number and sizes, and checks the bytes
 against the digest: a mismatch raises `MediaIntegrityError` (a `FileNotFoundError`). The whole
 blob is held in memory on both sides: chunking bounds documents, not memory.
@@ -41,6 +43,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from ..._closing import AsyncClosing
 from ..._errors import RecordTooLargeError
+from ..._files import STALE_TEMP_SECONDS
 from ..._mongo import (
     MAX_DOCUMENT_BYTES,
     ClientHandle,
@@ -74,6 +77,7 @@ MAX_CHUNK_BYTES = MAX_DOCUMENT_BYTES - 64 * 1024
 _HASH_INLINE_BYTES = 1 << 20
 """Payloads up to this size are hashed on the event loop; larger ones on a worker thread."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_DIGESTS_PER_LOOKUP = 500
 
 
 @reports_unreachable('_handle')
@@ -292,8 +296,10 @@ class MongoMediaStore(AsyncClosing):
 
     async def prepare_collection(self) -> None:
         """Stamp the upstream package's manifests (no `stored_at`) with the time now, as if put now:
-        collectable one grace period later, never at once (an upstream writer may be about to reference one)."""
+        collectable one grace period later, never at once (an upstream writer may be about to reference one).
+        Then remove the chunk sets killed puts and deletes left (`tidy_orphan_chunks`)."""
         await self._manifests().update_many({'stored_at': {'$exists': False}}, {'$set': {'stored_at': _stamp()}})
+        await tidy_orphan_chunks(self._manifests(), self._chunk_collection())
 
     async def delete(self, uri: str, *, stored_before: datetime | None = None) -> bool:
         """Remove the blob; with `stored_before`, only if nobody put it since (checked as it is deleted)."""
@@ -314,6 +320,52 @@ class MongoMediaStore(AsyncClosing):
         """Close the client this store opened (`db_url=`); a caller's or a step store's is left open."""
         if not self._borrowed:
             await self._handle.aclose()
+
+
+async def tidy_orphan_chunks(manifests: AsyncCollection[Document], chunks: AsyncCollection[Document]) -> int:
+    """Remove the chunk sets no manifest names that were made over an hour ago; how many sets went.
+
+    Never a chunk that is or will be read: a set is removed only if no manifest names it, and the
+    only manifest that can ever name a set is the one its own put writes (`$setOnInsert`, with the
+    set id that put drew). The set id is an ObjectId, stamped when that put began: an hour later
+    (`STALE_TEMP_SECONDS`, as for `DiskMediaStore`'s temporary files) its put has long written its
+    manifest or died, so a put in flight is never touched. Chunks without a `chunk_set` (the
+    upstream package's) are never looked at.
+
+    Cost: one pass over the chunks' `_id` index, which names digest, chunk size, number and set
+    (`{_id: 1}` only, so MongoDB answers from the index and reads no chunk's data: some 100 bytes a
+    chunk), one manifest lookup by `_id` for each 500 digests, and one delete per orphan set.
+    """
+    stale_before = utc_now() - timedelta(seconds=STALE_TEMP_SECONDS)
+    removed = 0
+    pending: dict[str, set[str]] = {}
+
+    async def settle() -> None:
+        nonlocal removed
+        named = {
+            manifest['_id']: manifest.get('chunk_set')
+            async for manifest in manifests.find({'_id': {'$in': list(pending)}}, projection={'chunk_set': 1})
+        }
+        for digest, sets in pending.items():
+            for chunk_set in sets - {named.get(digest)}:
+                await chunks.delete_many({'files_id': digest, 'chunk_set': chunk_set})
+                removed += 1
+        pending.clear()
+
+    ids = chunks.find({'_id': {'$type': 'string'}}, projection={'_id': 1}, sort=[('_id', ASCENDING)])
+    async for chunk in ids:
+        digest, _, rest = chunk['_id'].partition(':')
+        chunk_set = rest.rpartition(':')[2]
+        if len(digest) != 64 or rest.count(':') != 2 or not ObjectId.is_valid(chunk_set):
+            continue  # not a chunk of a set (the upstream package's)
+        if ObjectId(chunk_set).generation_time >= stale_before:
+            continue  # its put may still be running
+        if digest not in pending and len(pending) >= _DIGESTS_PER_LOOKUP:
+            await settle()
+        pending.setdefault(digest, set()).add(chunk_set)
+    if pending:
+        await settle()
+    return removed
 
 
 def _chunk_filter(digest: str, manifest: Mapping[str, Any], count: int | None) -> Document:
