@@ -24,7 +24,7 @@ import functools
 import inspect
 import ipaddress
 import re
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any, Literal, NoReturn, SupportsIndex, TypeVar, cast
@@ -258,13 +258,8 @@ def reports_unreachable(handle_attribute: str) -> Callable[[_C], _C]:
 def _reporting_coroutine(method: Callable[..., Awaitable[Any]], attribute: str) -> object:
     @functools.wraps(method)
     async def reporting(self: object, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with _unreachable_reported(self, attribute):
             return await method(self, *args, **kwargs)
-        except PyMongoError as error:
-            unavailable = cast(ClientHandle, getattr(self, attribute)).unreachable(error)
-            if unavailable is None:
-                raise
-            raise unavailable from error
 
     return reporting
 
@@ -272,17 +267,24 @@ def _reporting_coroutine(method: Callable[..., Awaitable[Any]], attribute: str) 
 def _reporting_generator(method: Callable[..., AsyncGenerator[Any, None]], attribute: str) -> object:
     @functools.wraps(method)
     async def reporting(self: object, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
-        try:
+        with _unreachable_reported(self, attribute):
             async with contextlib.aclosing(method(self, *args, **kwargs)) as items:
                 async for item in items:
                     yield item
-        except PyMongoError as error:
-            unavailable = cast(ClientHandle, getattr(self, attribute)).unreachable(error)
-            if unavailable is None:
-                raise
-            raise unavailable from error
 
     return reporting
+
+
+@contextlib.contextmanager
+def _unreachable_reported(owner: object, attribute: str) -> Generator[None]:
+    """pymongo's error, as `StoreUnavailableError` where the server of `owner`'s handle could not be reached."""
+    try:
+        yield
+    except PyMongoError as error:
+        unavailable = cast(ClientHandle, getattr(owner, attribute)).unreachable(error)
+        if unavailable is None:
+            raise
+        raise unavailable from error
 
 
 def collection(database: AsyncDatabase[Document], name: str) -> AsyncCollection[Document]:
