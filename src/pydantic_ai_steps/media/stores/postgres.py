@@ -184,7 +184,7 @@ class PostgresMediaStore(AsyncClosing):
             parts = [part for (part,) in rows if isinstance(part, bytes)]
             return b''.join(parts), len(rows), int(size) if isinstance(size, int) else -1
 
-        data, chunks, size = await self._connections.run(read, replay_safe=True)
+        data, chunks, size = await self._connections.read(read)
         if len(data) >= _HASH_IN_THREAD:
             actual = await anyio.to_thread.run_sync(lambda: hashlib.sha256(data).hexdigest())
         else:
@@ -202,7 +202,7 @@ class PostgresMediaStore(AsyncClosing):
                 return False
             return await conn.fetchval(f'SELECT 1 FROM {self._table} WHERE sha256 = $1', digest) is not None
 
-        return await self._connections.run(look, replay_safe=True)
+        return await self._connections.read(look)
 
     async def public_url(self, uri: str, *, context: MediaContext = EMPTY_CONTEXT) -> str | None:
         return await resolve_public_url(self._public_url, uri, context)
@@ -216,7 +216,7 @@ class PostgresMediaStore(AsyncClosing):
             row = await conn.fetchrow(f'SELECT metadata FROM {self._table} WHERE sha256 = $1', digest)
             return (row[0],) if row is not None else None
 
-        found = await self._connections.run(read, replay_safe=True)
+        found = await self._connections.read(read)
         if found is None:
             raise FileNotFoundError(f'media not found: {uri}')
         if found[0] is None:  # rows written by other code may leave it NULL: no metadata
@@ -244,7 +244,7 @@ class PostgresMediaStore(AsyncClosing):
                 )
                 return [(str(row[0]), int(row[1]), cast(datetime, row[2])) for row in rows]  # pyright: ignore[reportArgumentType]
 
-            rows = await self._connections.run(page, replay_safe=True)
+            rows = await self._connections.read(page)
             for digest, size, stored_at in rows:
                 yield BlobInfo(uri=uri_for_digest(digest), size=size, stored_at=stored_at)
             if len(rows) < _LIST_PAGE:

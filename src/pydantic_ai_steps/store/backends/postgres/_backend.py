@@ -338,7 +338,7 @@ class PostgresBackend:
     # --- plumbing ---------------------------------------------------------------------------
 
     async def _read(self, body: Callable[[PostgresConnection], Awaitable[_R]]) -> _R:
-        return await self.connections.run(body, replay_safe=True)
+        return await self.connections.read(body)
 
     async def _write(self, body: Callable[[PostgresConnection], Awaitable[_R]]) -> _R:
         async def write(conn: PostgresConnection) -> _R:

@@ -21,6 +21,12 @@ or discards it; every 1,000th release goes back too, so the pool's upkeep (`max_
 `expire_connections()`) still applies. `setup=` or `reset=` in `pool_options` turns parking off:
 those hooks promise to run on every acquire and release.
 
+A server that cannot be reached: an error opening a connection (refused, unknown host, the server
+starting or shutting down) is `StoreUnavailableError` naming the server without its password,
+chained from the driver's error cut where it enters the driver, whose frames hold the DSN
+(`unreachable_error`): nothing of the operation was sent. An error once a statement is under way
+stays the driver's: the server may have applied it.
+
 Retries: a connection that turns out dead (the server restarted since it was pooled, a proxy
 dropped it) fails the operation without any sign of what the server did with it. The operation
 is tried once more, on another connection, only when that is safe: the failure came before
@@ -32,13 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, NoReturn, Protocol, SupportsIndex, TypeVar, cast, runtime_checkable
 
 import anyio
 
 from ...._errors import StepsError, StoreUnavailableError, StoreUrlError, sqlstate
+from ...._urls import redacted_url
 
 __all__ = [
     'Connections',
@@ -46,6 +53,7 @@ __all__ = [
     'PostgresConnection',
     'PostgresPool',
     'disconnect_kind',
+    'nothing_reached',
     'sqlstate',
 ]
 
@@ -105,6 +113,37 @@ def disconnect_kind(error: BaseException) -> Literal['unsent', 'ambiguous'] | No
     return None
 
 
+_CANNOT_CONNECT_STATES = frozenset({'57P03', '08001', '08004', '08006'})
+_DRIVERS = ('asyncpg', 'psycopg')
+
+
+def nothing_reached(error: BaseException) -> bool:
+    """Whether `error`, raised while opening a connection, says the server could not be reached: a
+    socket error (refused, unknown host, unreachable, connect timed out), or the server refusing
+    connections while it starts or shuts down."""
+    if isinstance(error, StepsError):
+        return False
+    return isinstance(error, OSError) or sqlstate(error) in _CANNOT_CONNECT_STATES
+
+
+def without_driver_frames(error: BaseException) -> BaseException:
+    """`error`, and each error it was raised from or during, with its traceback cut where it enters
+    a driver: asyncpg's connect frames hold the DSN, password included, as locals."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb, kept = current.__traceback__, None
+        while tb is not None and not str(tb.tb_frame.f_globals.get('__name__', '')).startswith(_DRIVERS):
+            kept, tb = tb, tb.tb_next
+        if kept is None:
+            current.__traceback__ = None
+        else:
+            kept.tb_next = None
+        current = current.__cause__ or current.__context__
+    return error
+
+
 class Connections:
     """The stores' access to PostgreSQL: exactly one of a caller's `pool` or a `dsn` to open one from."""
 
@@ -153,6 +192,32 @@ class Connections:
     def describe(self) -> str:
         return 'pool=<caller-owned>' if self._caller_pool is not None else 'dsn=<given>'
 
+    def server(self) -> str:
+        """The server, as a message names it: the DSN without its password, or what the caller's pool connects to."""
+        if self._dsn is not None:
+            return f'named by dsn={redacted_url(self._dsn)!r}'
+        args, kwargs = (
+            getattr(self._caller_pool, '_connect_args', ()),
+            getattr(self._caller_pool, '_connect_kwargs', {}),
+        )
+        if isinstance(args, tuple) and args and isinstance(args[0], str):  # an asyncpg pool made from a DSN
+            return f'of pool= ({redacted_url(args[0])!r})'
+        host = cast(dict[str, object], kwargs).get('host') if isinstance(kwargs, dict) else None
+        return f'of pool= (host {host!r})' if host is not None else 'of pool='
+
+    @contextlib.contextmanager
+    def reporting_unreachable(self) -> Generator[None]:
+        """Errors of opening a connection: `StoreUnavailableError` where the server could not be reached."""
+        try:
+            yield
+        except Exception as error:
+            if not nothing_reached(error):
+                raise
+            said = _without_password(f'{type(error).__name__}: {error}', self._dsn)  # no local holds it
+            raise StoreUnavailableError(
+                f'the PostgreSQL server {self.server()} could not be reached: {said}'
+            ) from without_driver_frames(error)
+
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         raise TypeError(
             'a PostgreSQL store cannot be pickled or copied: it holds a pool and, built from dsn=, the '
@@ -189,10 +254,6 @@ class Connections:
         assert self._dsn is not None
         try:
             return await asyncpg.create_pool(self._dsn, **owned_pool_options(self._pool_options))  # pyright: ignore[reportUnknownMemberType]
-        except OSError as error:  # refused, unknown host, unreachable: the DSN itself (a password) is not shown
-            raise StoreUnavailableError(
-                f'the PostgreSQL server named by dsn= could not be reached: {type(error).__name__}: {error}'
-            ) from None
         except asyncpg.ClientConfigurationError as error:  # pyright: ignore[reportUnknownMemberType]
             raise StoreUrlError(f'the PostgreSQL URL given as dsn= is not usable: {error}') from None
 
@@ -206,7 +267,8 @@ class Connections:
 
     async def _take(self) -> tuple[AbstractAsyncContextManager[PostgresConnection], PostgresConnection, Any]:
         """One connection (a parked one first), within `acquire_timeout` seconds: its context, itself, its pool."""
-        pool = self._caller_pool if self._caller_pool is not None else await self._pool()
+        with self.reporting_unreachable():
+            pool = self._caller_pool if self._caller_pool is not None else await self._pool()
         if self._parked:
             parked = await self._unpark()
             if parked is not None:
@@ -215,12 +277,13 @@ class Connections:
         self._waiting += 1
         try:
             async with asyncio.timeout(self.acquire_timeout):  # asyncpg and psycopg run on asyncio only
-                conn = await context.__aenter__()
+                with self.reporting_unreachable():  # inside: the timeout's own TimeoutError is PoolTimeoutError
+                    conn = await context.__aenter__()
         except TimeoutError:
             raise PoolTimeoutError(self._timeout_message(pool)) from None
         except Exception as error:
             if type(error).__name__ == 'PoolTimeout':  # psycopg_pool's own wait limit
-                raise PoolTimeoutError(self._timeout_message(pool)) from None
+                raise PoolTimeoutError(self._timeout_message(pool)) from without_driver_frames(error)
             raise
         finally:
             self._waiting -= 1
@@ -250,16 +313,28 @@ class Connections:
 
     def _timeout_message(self, pool: Any) -> str:
         size = _pool_size(pool)
-        of = f' (a pool of {size} connection{"s" if size != 1 else ""}, all in use)' if size is not None else ''
+        of = (
+            f' (a pool of {size} connection{"s" if size != 1 else ""}, all in use or not connected)'
+            if size is not None
+            else ''
+        )
         return (
             f'waited {self.acquire_timeout:g} s for a PostgreSQL connection from the pool{of} and none became free; '
-            'make the pool larger, hold its connections for less time, or pass a longer acquire_timeout='
+            'make the pool larger, hold its connections for less time, or pass a longer acquire_timeout= '
+            '(or, if the server is down, bring it back: the pool reconnects by itself)'
         )
 
-    async def run(self, body: Callable[[PostgresConnection], Awaitable[_R]], *, replay_safe: bool) -> _R:
+    async def read(self, body: Callable[[PostgresConnection], Awaitable[_R]]) -> _R:
+        """`run` for a body that only reads: retried after any dead connection, and `StoreUnavailableError`
+        when a retry reaches no server, since the attempt cut off changed nothing."""
+        return await self.run(body, replay_safe=True, reads=True)
+
+    async def run(
+        self, body: Callable[[PostgresConnection], Awaitable[_R]], *, replay_safe: bool, reads: bool = False
+    ) -> _R:
         """`body(conn)` on one connection, released (or parked) after; again on another (up to three
         times) if it was dead and that is safe."""
-        retried = 0
+        retried, cut_off = 0, None
         while True:
             try:
                 context, conn, pool = await self._take()
@@ -272,11 +347,16 @@ class Connections:
                     await context.__aexit__(None, None, None)
                 return result
             except Exception as error:
+                if cut_off is not None and isinstance(error, StoreUnavailableError):
+                    # The retry reached no server, but the attempt before may have been applied: that
+                    # attempt's error, which says so, is the one to raise.
+                    raise cut_off  # noqa: B904 - the retry's error stays its __context__
                 kind = disconnect_kind(error)
                 # A restart leaves every pooled connection dead, so a replay-safe call may meet
                 # several in a row; each failed one is discarded by the pool.
                 if retried < _RETRIES and (kind == 'unsent' or (kind == 'ambiguous' and replay_safe)):
                     retried += 1
+                    cut_off = error if kind == 'ambiguous' and not reads else cut_off
                     continue
                 raise
 
@@ -323,6 +403,19 @@ def owned_pool_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if 'reset' in inspect.signature(asyncpg.create_pool).parameters:  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
         chosen.setdefault('reset', _no_reset)
     return chosen
+
+
+def _without_password(text: str, dsn: str | None) -> str:
+    """`text` (a driver's message) with the password `dsn` carries replaced by `***`."""
+    if dsn is None:
+        return text
+    from urllib.parse import unquote, urlsplit
+
+    with contextlib.suppress(ValueError):
+        password = urlsplit(dsn).password
+        if password:
+            return text.replace(unquote(password), '***').replace(password, '***')
+    return text
 
 
 def _is_closed(conn: object) -> bool:
