@@ -266,6 +266,50 @@ async def test_a_tampered_media_blob_is_never_restored_into_a_snapshot(
     assert 'skipping unreadable' in caplog.text and 'is damaged' in caplog.text
 
 
+class UnreachableMedia(DiskMediaStore):
+    """A media store whose server stops answering reads once `down` is set."""
+
+    down = False
+
+    async def get(self, uri: str, **options: Any) -> bytes:
+        if self.down:
+            raise ConnectionError('media server unreachable')
+        return await super().get(uri, **options)
+
+
+@pytest.mark.parametrize('kind', STORES)
+async def test_a_media_store_that_cannot_be_reached_fails_the_read_not_the_snapshot(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a record at fault is skipped: an outage taken for damage would hand back an older
+    snapshot (one from before a long tool result) as the run's newest, to continue from."""
+    from pydantic_ai.messages import ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
+
+    from pydantic_ai_steps.step_persistence import ContinuableSnapshot, RunRecord
+
+    media = UnreachableMedia(tmp_path / 'media')
+    store = (
+        FileStepStore(tmp_path / 'runs', media_store=media)
+        if kind == 'file'
+        else SqliteStepStore(database=tmp_path / 'runs.db', media_store=media)
+    )
+    asked = [ModelRequest(parts=[UserPromptPart('fetch it')]), ModelResponse(parts=[ToolCallPart('fetch', {})])]
+    fetched = [
+        *asked,
+        ModelRequest(parts=[ToolReturnPart('fetch', BIG_TEXT, tool_call_id=asked[1].parts[0].tool_call_id)]),
+    ]  # type: ignore[union-attr]
+    await store.write_records(run=RunRecord(run_id='r'))
+    await store.write_records(snapshot=ContinuableSnapshot(run_id='r', step_index=1, messages=asked))
+    await store.write_records(snapshot=ContinuableSnapshot(run_id='r', step_index=2, messages=fetched))
+    media.down = True
+    with pytest.raises(ConnectionError, match='unreachable'):
+        await store.latest_snapshot(run_id='r')
+    assert 'skipping unreadable' not in caplog.text
+    media.down = False
+    latest = await store.latest_snapshot(run_id='r')
+    assert latest is not None and latest.step_index == 2 and len(latest.messages) == 3
+
+
 @pytest.mark.parametrize('kind', ['sqlite', 'file'])
 async def test_a_value_spelled_like_a_marker_reads_as_written_whatever_media_store_the_reader_has(
     kind: str, tmp_path: Path

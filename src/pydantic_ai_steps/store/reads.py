@@ -26,6 +26,12 @@ logger = logging.getLogger('pydantic_ai_steps')
 _REREADS = 3
 """How often `latest_snapshot` reads the newest snapshot again after one was removed as it was read:
 removals come with new snapshots, and compaction only once a run has closed, so the next read holds."""
+_DAMAGE = (ValueError, FileNotFoundError, PermissionError, RecursionError)
+"""What loading a history raises when the stored record is at fault: text or markers that do not parse
+(`ValueError`), a blob missing or damaged (`FileNotFoundError`, `MediaIntegrityError` among them), a
+link planted in the media folder (`PermissionError`), nesting too deep to walk. Anything else (a media
+store that cannot be reached, say) is the read failing, not the record: skipping past it would hand
+back an older snapshot as the newest, so it propagates."""
 
 
 class Reads:
@@ -204,7 +210,7 @@ class Reads:
                 return None
         try:
             messages = await self._log.load(texts)
-        except Exception as error:
+        except _DAMAGE as error:
             _skip(where, f'{type(error).__name__}: {error}')
             return None
         return ContinuableSnapshot(
