@@ -266,6 +266,20 @@ async def test_own_uri_that_differs_is_kept_on_restore() -> None:
     assert restored['uri'] == 'https://example.com/a.png'
 
 
+async def test_a_node_whose_own_uri_names_its_payload_stays_inline_and_keeps_it() -> None:
+    """Moved out, its `uri` would read as the marker's mirror of the payload's URI and be dropped."""
+    store = RecordingStore()
+    image, text = b'\x89PNG' * 8, 'a quoted document. ' * 2
+    tree = [
+        {'kind': 'binary', 'data': base64.b64encode(image).decode(), 'uri': media_uri_for(image)},
+        {'part_kind': 'text', 'content': text, 'uri': media_uri_for(text.encode())},
+        {'kind': 'text-content', 'content': text, 'uri': media_uri_for(b'other bytes')},  # moves, keeps its uri
+    ]
+    lean = await externalize_media(tree, media_store=store, threshold_bytes=16)
+    assert lean[:2] == tree[:2] and lean[2][EXTERNAL_KEY] is True
+    assert await restore_media(lean, media_store=store) == tree
+
+
 @pytest.mark.parametrize(
     ('node', 'message'),
     [

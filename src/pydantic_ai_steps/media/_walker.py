@@ -58,7 +58,7 @@ from ._markers import (
     URLSAFE_KEY,
 )
 from ._protocol import MediaStore
-from ._uri import parse_media_uri
+from ._uri import MEDIA_URI_PREFIX, media_uri_for, parse_media_uri
 
 __all__ = ['ExternalizedDict', 'ExternalizedList', 'externalize_media', 'restore_media']
 
@@ -231,7 +231,7 @@ class _Externalizer:
         if len(raw) < self._threshold:
             return None
         canonical = base64.urlsafe_b64encode(raw) if urlsafe else base64.b64encode(raw)
-        if canonical != data.encode('ascii'):
+        if canonical != data.encode('ascii') or _names_its_payload(node, raw):
             return None
         media_type = node.get('media_type')
         uri = await self._put(raw, MediaContext(media_type=media_type if isinstance(media_type, str) else None))
@@ -256,7 +256,7 @@ class _Externalizer:
         if len(content) * 4 < self._threshold:  # at most 4 UTF-8 bytes per code point
             return None
         raw = content.encode('utf-8', 'surrogatepass')
-        if len(raw) < self._threshold:
+        if len(raw) < self._threshold or _names_its_payload(node, raw):
             return None
         uri = await self._put(raw, MediaContext(media_type='text/plain'))
         marker = await self._fields(node, 'content')
@@ -277,6 +277,16 @@ class _Externalizer:
             # keeps it, so such readers fail loudly rather than load the wrong bytes.
             marker[LEGACY_URI_KEY] = uri
         return marker
+
+
+def _names_its_payload(node: dict[str, Any], raw: bytes) -> bool:
+    """Whether the node's own `uri` is the URI its payload `raw` would be stored under.
+
+    Such a node stays inline: a marker's `uri` equal to its payload's URI is taken on restore for
+    the mirror written for legacy readers and dropped, so moved out, the node would lose its `uri`.
+    """
+    own = node.get(LEGACY_URI_KEY)
+    return isinstance(own, str) and own.startswith(MEDIA_URI_PREFIX) and own == media_uri_for(raw)
 
 
 class _Restorer:
@@ -380,7 +390,8 @@ async def externalize_media(node: object, *, media_store: MediaStore, threshold_
 
     Payloads are base64 `BinaryContent` data (size = decoded bytes) and the string `content` of
     parts and of `TextContent`/`StructuredContent` (size = UTF-8 bytes); bare strings in a user
-    prompt's content list never move. The input is never mutated. A JSON tree comes back as a new
+    prompt's content list never move, nor does a payload whose node's own `uri` is the payload's
+    media URI (`_names_its_payload`). The input is never mutated. A JSON tree comes back as a new
     JSON tree; message objects come back as their externalized JSON form in an `ExternalizedDict`
     or `ExternalizedList` (see the module docstring for why). Anything else raises `TypeError`.
 
