@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import copy
+import inspect
 import json
 import pickle
 import re
+import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -245,6 +247,25 @@ async def test_double_externalize_needs_two_restores() -> None:
     assert twice == {LITERAL_KEY: once, FORMAT_KEY: 'literal-v1'}
     assert await restore_media(twice, media_store=store) == once
     assert await restore_media(await restore_media(twice, media_store=store), media_store=store) == node
+
+
+async def test_a_tree_as_deep_as_pydantic_ai_reads_is_walked_in_three_frames_a_level() -> None:
+    """A tool's return may nest 196 levels (pydantic-ai reads 200, the history's list and the part among
+    them), each with a payload to move: both walks must fit the recursion limit below an agent run's
+    own frames (some 250 deep, more in a delegate), not use it up."""
+    store = RecordingStore()
+    depth = 196
+    tree: object = 'bottom'
+    for level in range(depth):
+        tree = {'part_kind': 'section', 'inner': tree, 'content': f'{level:04}' * 8}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 3 * depth + 40)
+    try:
+        lean = await externalize_media(tree, media_store=store, threshold_bytes=16)
+        restored = await restore_media(lean, media_store=store)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert len(store.puts) == depth and compact(restored) == compact(tree)
 
 
 # -- restore rules -------------------------------------------------------------------------------

@@ -193,27 +193,32 @@ class _Externalizer:
     async def _dict(self, node: dict[str, Any]) -> dict[str, Any]:
         kind = node.get('kind')
         data = node.get('data')
+        stamps: dict[str, Any] | None = None
+        payload = 'data'
         if any(key in node for key in MARKER_METADATA_KEYS):
             pass  # kept inline: see MARKER_METADATA_KEYS
         elif kind == 'binary' and isinstance(data, str):
-            marker = await self._binary(node, data)
-            if marker is not None:
-                return marker
+            stamps = await self._binary(node, data)
         else:
             content = node.get('content')
             if isinstance(content, str) and (isinstance(node.get('part_kind'), str) or kind in TEXT_CONTENT_KINDS):
-                marker = await self._text(node, content)
-                if marker is not None:
-                    return marker
+                stamps, payload = await self._text(node, content), 'content'
+        if stamps is not None:
+            # The other fields are walked here, not in `_binary`/`_text`: three frames a level of
+            # nesting, so a tree as deep as pydantic-ai reads fits the recursion limit.
+            marker = await self._fields(node, payload)
+            marker.update(stamps)
+            return marker
         walked = await self._fields(node, None)
         if any(key in node for key in LITERAL_TRIGGER_KEYS):
             return {LITERAL_KEY: walked, FORMAT_KEY: LITERAL_FORMAT}
         return walked
 
     async def _binary(self, node: dict[str, Any], data: str) -> dict[str, Any] | None:
+        """The keys a binary's marker adds after its other fields, once its bytes are stored (`None`: inline)."""
         stored_uri = self._already_stored.get(data)
         if stored_uri is not None:
-            return await self._stored_binary(node, stored_uri)
+            return self._stored_binary(node, stored_uri)
         urlsafe = '-' in data or '_' in data
         if urlsafe and ('+' in data or '/' in data):
             return None
@@ -235,34 +240,28 @@ class _Externalizer:
             return None
         media_type = node.get('media_type')
         uri = await self._put(raw, MediaContext(media_type=media_type if isinstance(media_type, str) else None))
-        marker = await self._fields(node, 'data')
-        marker[EXTERNAL_KEY] = True
+        stamps: dict[str, Any] = {EXTERNAL_KEY: True}
         if urlsafe:
-            marker[URLSAFE_KEY] = URLSAFE_FORMAT
-        return self._finish(node, marker, uri)
+            stamps[URLSAFE_KEY] = URLSAFE_FORMAT
+        return self._finish(node, stamps, uri)
 
-    async def _stored_binary(self, node: dict[str, Any], uri: str) -> dict[str, Any]:
-        """The marker for a payload the caller already put, standing in under a placeholder `data`.
+    def _stored_binary(self, node: dict[str, Any], uri: str) -> dict[str, Any]:
+        """The marker keys for a payload the caller already put, standing in under a placeholder `data`.
 
         Stamped URL-safe: the bytes were serialized by pydantic, whose alphabet that is; restoring
         with it yields the same bytes whether or not the original text held `-` or `_`.
         """
-        marker = await self._fields(node, 'data')
-        marker[EXTERNAL_KEY] = True
-        marker[URLSAFE_KEY] = URLSAFE_FORMAT
-        return self._finish(node, marker, uri)
+        return self._finish(node, {EXTERNAL_KEY: True, URLSAFE_KEY: URLSAFE_FORMAT}, uri)
 
     async def _text(self, node: dict[str, Any], content: str) -> dict[str, Any] | None:
+        """The keys a text's marker adds after its other fields, once its bytes are stored (`None`: inline)."""
         if len(content) * 4 < self._threshold:  # at most 4 UTF-8 bytes per code point
             return None
         raw = content.encode('utf-8', 'surrogatepass')
         if len(raw) < self._threshold or _names_its_payload(node, raw):
             return None
         uri = await self._put(raw, MediaContext(media_type='text/plain'))
-        marker = await self._fields(node, 'content')
-        marker[EXTERNAL_KEY] = True
-        marker[TEXT_KEY] = True
-        return self._finish(node, marker, uri)
+        return self._finish(node, {EXTERNAL_KEY: True, TEXT_KEY: True}, uri)
 
     async def _put(self, raw: bytes, context: MediaContext) -> str:
         uri = await self._store.put(raw, context=context)
@@ -270,13 +269,13 @@ class _Externalizer:
         return uri
 
     @staticmethod
-    def _finish(node: dict[str, Any], marker: dict[str, Any], uri: str) -> dict[str, Any]:
-        marker[URI_KEY] = uri
+    def _finish(node: dict[str, Any], stamps: dict[str, Any], uri: str) -> dict[str, Any]:
+        stamps[URI_KEY] = uri
         if LEGACY_URI_KEY not in node:
             # Mirrored for readers that only know the legacy `uri` key. A node with its own `uri`
             # keeps it, so such readers fail loudly rather than load the wrong bytes.
-            marker[LEGACY_URI_KEY] = uri
-        return marker
+            stamps[LEGACY_URI_KEY] = uri
+        return stamps
 
 
 def _names_its_payload(node: dict[str, Any], raw: bytes) -> bool:
