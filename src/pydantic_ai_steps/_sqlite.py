@@ -11,9 +11,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ._errors import DatabaseLockedError
+from ._files import store_path
 
 BUSY_TIMEOUT_MS = 30_000
 """How long a store's own connection waits for another connection's write lock (both SQLite stores)."""
+
+
+def database_path(value: object, owner: str) -> str:
+    """A store's `database=` as it will be opened, for as long as the store lives: a relative path
+    made absolute now. The store opens its connection lazily and reopens it after `close()`, and its
+    checkpoint thread connects again each time: after an `os.chdir` a relative path would name
+    another file (and create it). Not normalized: `..` after a link is the link target's parent."""
+    path = store_path(value, owner, directory=False)
+    if path == ':memory:' or path.startswith('file:') or os.path.isabs(path):
+        return path
+    return os.path.join(os.getcwd(), path)
 
 
 def open_database(

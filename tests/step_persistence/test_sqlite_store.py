@@ -17,6 +17,7 @@ import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
 from pydantic_ai_steps._errors import NotAStoreError
+from pydantic_ai_steps.media.stores.sqlite import SqliteMediaStore
 from pydantic_ai_steps.step_persistence import (
     DatabaseLockedError,
     RunNotFoundError,
@@ -205,6 +206,32 @@ async def test_a_write_held_up_past_the_busy_timeout_names_the_database_and_the_
     await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0))  # the lock gone, it writes
     assert len(await store.list_events(run_id='r')) == 1
     store.close()
+
+
+async def test_a_relative_path_keeps_naming_the_same_file_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection opens lazily and reopens after `close()`, the checkpoint thread connects anew:
+    all of them must reach the file the path named when the store was made."""
+    monkeypatch.setattr(sqlite_module, '_CHECKPOINT_EVERY', 2)
+    made_in, moved_to = tmp_path / 'made-in', tmp_path / 'moved-to'
+    made_in.mkdir()
+    moved_to.mkdir()
+    monkeypatch.chdir(made_in)
+    store = SqliteStepStore(database='runs.db')
+    media = SqliteMediaStore(database='media.db')
+    await store.register_run(RunRecord(run_id='r0'))
+    uri = await media.put(b'blob')
+    monkeypatch.chdir(moved_to)
+    for index in range(1, 4):  # the second and fourth commits have the WAL checkpointed
+        await store.register_run(RunRecord(run_id=f'r{index}'))
+    store.close()
+    media.close()  # both wait for their checkpoint threads; the next call opens the file again
+    assert [run.run_id for run in await store.list_runs()] == ['r0', 'r1', 'r2', 'r3']
+    assert await media.get(uri) == b'blob'
+    assert list(moved_to.iterdir()) == []
+    store.close()
+    media.close()
 
 
 async def test_concurrent_calls_from_many_tasks_share_the_connection(tmp_path: Path) -> None:

@@ -17,11 +17,11 @@ import anyio.to_thread
 
 from ..._closing import AsyncClosing
 from ..._errors import check_bool
-from ..._files import store_path
 from ..._sqlite import (
     BUSY_TIMEOUT_MS,
     BackgroundCheckpointer,
     database_file,
+    database_path,
     enable_wal,
     open_database,
     raise_if_lock_timed_out,
@@ -61,7 +61,7 @@ class SqliteMediaConnection(AsyncClosing):
             raise ValueError(f'invalid table name: {table!r}; expected [A-Za-z_][A-Za-z0-9_]*')
         if connection is not None:
             require_cross_thread_use(connection, 'SqliteMediaStore')
-        self._database = None if database is None else store_path(database, 'SqliteMediaStore', directory=False)
+        self._database = None if database is None else database_path(database, 'SqliteMediaStore')
         self._connection = connection
         self._owns_connection = connection is None
         self._table = table

@@ -22,8 +22,7 @@ from datetime import timedelta
 from typing import Literal
 
 from ...._errors import check_bool
-from ...._files import store_path
-from ...._sqlite import database_file, require_cross_thread_use
+from ...._sqlite import database_file, database_path, require_cross_thread_use
 from ....media._protocol import MediaStore
 from ...base import StepStoreBase
 from ._backend import SqliteBackend
@@ -40,14 +39,14 @@ class SqliteStepStore(StepStoreBase):
     store = SqliteStepStore(database='runs.db', max_snapshots_per_run=8)
     ```
 
-    Give exactly one of `database=` (a path; the store opens and owns one connection, lazily, on a
-    worker thread; a call that cannot wait for a lock then runs right on the event loop, any other
-    on a worker) or `connection=` (a `sqlite3.Connection` that must be opened with
-    `check_same_thread=False`, because store calls run on worker threads; the caller owns and
-    closes it). On a shared connection each write is its own `BEGIN IMMEDIATE` transaction,
-    committed at once; if you have a transaction open, the write goes in a savepoint inside it
-    and commits with yours. Calls through this store are serialized, but other users of a shared
-    connection must not run statements on it at the same time.
+    Give exactly one of `database=` (a path, a relative one taken from the working directory when the
+    store is made; the store opens and owns one connection, lazily, on a worker thread; a call that
+    cannot wait for a lock then runs right on the event loop, any other on a worker) or `connection=`
+    (a `sqlite3.Connection` that must be opened with `check_same_thread=False`, because store calls run
+    on worker threads; the caller owns and closes it). On a shared connection each write is its own
+    `BEGIN IMMEDIATE` transaction, committed at once; if you have a transaction open, the write goes in
+    a savepoint inside it and commits with yours. Calls through this store are serialized, but other
+    users of a shared connection must not run statements on it at the same time.
 
     Payloads of `media_threshold_bytes` or more go to `media_store`: by default a
     `SqliteMediaStore` on the same database (table `media`), through a connection of its own
@@ -83,7 +82,7 @@ class SqliteStepStore(StepStoreBase):
         check_bool(durable, 'durable')
         if connection is not None:
             require_cross_thread_use(connection, 'SqliteStepStore')
-        path = store_path(database, 'SqliteStepStore', directory=False) if database is not None else None
+        path = database_path(database, 'SqliteStepStore') if database is not None else None
         backend = SqliteBackend(database=path, connection=connection, durable=durable)
         owned = media_store == 'auto'
         if media_store == 'auto':
