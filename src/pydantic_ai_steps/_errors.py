@@ -123,7 +123,8 @@ class NotAStoreError(StepsError, ValueError):
 
 
 class DatabaseLockedError(StepsError, sqlite3.OperationalError):
-    """A SQLite call waited the whole busy timeout for a write lock that another connection held.
+    """A SQLite call waited the whole busy timeout for a write lock that another connection held, or
+    wrote in a caller's transaction that began reading before another connection committed.
 
     A `sqlite3.OperationalError` too, so code that caught SQLite's own `database is locked` still
     catches it; the original error is its `__cause__`.

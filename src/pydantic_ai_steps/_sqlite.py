@@ -74,19 +74,28 @@ def raise_if_lock_timed_out(
     timeout_ms: int | None = None,
 ) -> None:
     """Raise a `DatabaseLockedError` naming the file and the wait if `error` is SQLite's bare
-    `database is locked` after the busy timeout; return otherwise. `database` and `timeout_ms`
-    default to what `connection` says (it must be given unless both are)."""
-    if error.sqlite_errorcode != sqlite3.SQLITE_BUSY or isinstance(error, DatabaseLockedError):
+    `database is locked` after the busy timeout, or naming the caller's open transaction if SQLite
+    refused at once to make that transaction a write (no wait can help it); return otherwise.
+    `database` and `timeout_ms` default to what `connection` says (it must be given unless both are)."""
+    if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or isinstance(error, DatabaseLockedError):
         return
-    if timeout_ms is None:
-        assert connection is not None
-        timeout_ms = int(connection.execute('PRAGMA busy_timeout').fetchone()[0])
     where = database or database_file(connection) or ':memory:'
-    locked = DatabaseLockedError(
-        f'SQLite database {where!r} is locked: another connection (maybe in another process) held its '
-        f'write lock for all of the {timeout_ms / 1000:g} s busy timeout; try again once that writer has '
-        'committed or rolled back'
-    )
+    if error.sqlite_errorcode == sqlite3.SQLITE_BUSY_SNAPSHOT:
+        message = (
+            f'SQLite database {where!r} cannot be written in the transaction open on this connection: it '
+            'began reading before another connection (maybe in another process) committed, and SQLite cannot '
+            'turn such a transaction into a write; end it (commit or roll back) and write again'
+        )
+    else:
+        if timeout_ms is None:
+            assert connection is not None
+            timeout_ms = int(connection.execute('PRAGMA busy_timeout').fetchone()[0])
+        message = (
+            f'SQLite database {where!r} is locked: another connection (maybe in another process) held its '
+            f'write lock for all of the {timeout_ms / 1000:g} s busy timeout; try again once that writer has '
+            'committed or rolled back'
+        )
+    locked = DatabaseLockedError(message)
     locked.sqlite_errorcode, locked.sqlite_errorname = error.sqlite_errorcode, error.sqlite_errorname
     raise locked from error
 

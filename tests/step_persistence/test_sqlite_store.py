@@ -103,6 +103,33 @@ async def test_a_failed_write_inside_a_caller_transaction_undoes_only_its_own_ro
     conn.close()
 
 
+@pytest.mark.parametrize('store_kind', ['step', 'media'])
+async def test_a_write_in_a_caller_transaction_that_read_before_another_commit_says_so(
+    tmp_path: Path, store_kind: str
+) -> None:
+    """SQLite refuses at once to make such a transaction a write (waiting cannot help): the error
+    names the database and the remedy, not a bare `database is locked`."""
+    path = tmp_path / 'shared.db'
+    other = SqliteStepStore(database=path)
+    await other.register_run(RunRecord(run_id='a'))
+    await other.media_store.put(b'first')
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    step_store = SqliteStepStore(connection=conn, media_store=None)
+    media_store = SqliteMediaStore(connection=conn)
+    conn.execute('BEGIN')
+    assert [run.run_id for run in await step_store.list_runs()] == ['a']  # the transaction has read
+    await other.register_run(RunRecord(run_id='b'))  # another connection commits meanwhile
+    write = step_store.register_run(RunRecord(run_id='c')) if store_kind == 'step' else media_store.put(b'second')
+    with pytest.raises(DatabaseLockedError, match='end it \\(commit or roll back\\) and write again') as caught:
+        await write
+    assert repr(str(path)) in str(caught.value) and caught.value.sqlite_errorname == 'SQLITE_BUSY_SNAPSHOT'
+    conn.execute('ROLLBACK')
+    await step_store.register_run(RunRecord(run_id='c'))  # the transaction ended, it writes
+    assert [run.run_id for run in await other.list_runs()] == ['a', 'b', 'c']
+    conn.close()
+    other.close()
+
+
 async def test_one_connection_serves_every_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[str] = []
     real_connect = sqlite3.connect
