@@ -33,17 +33,17 @@ def open_database(
 ) -> sqlite3.Connection:
     """A store's own connection to a database file, set up the same way by both SQLite stores.
 
-    A new file is created readable by its owner only (SQLite gives its `-wal` and `-shm` files the
-    database's permissions: the whole database holds prompts and tool results), with incremental
-    auto-vacuum, so deleting runs can give space back (that can only be chosen before the journal
-    mode and the first table), and in WAL mode. An existing one is first given to `check`, which
-    raises to refuse it while nothing in it has changed, and keeps its journal mode: the store's
-    first write switches it to WAL (`enable_wal`), so a store that only reads (an inspector)
-    changes nothing in it. Then `synchronous` by `durable`.
+    A new file (a link's missing target too) is created readable by its owner only (SQLite gives its
+    `-wal` and `-shm` files the database's permissions: the whole database holds prompts and tool
+    results), with incremental auto-vacuum, so deleting runs can give space back (that can only be
+    chosen before the journal mode and the first table), and in WAL mode. An existing one is first
+    given to `check`, which raises to refuse it while nothing in it has changed, and keeps its
+    journal mode: the store's first write switches it to WAL (`enable_wal`), so a store that only
+    reads (an inspector) changes nothing in it. Then `synchronous` by `durable`.
     """
     new = False
     if database != ':memory:' and not database.startswith('file:'):
-        path = Path(database)
+        path = Path(os.path.realpath(database))  # SQLite follows a link, and creates a missing target
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0), 0o600)
@@ -278,9 +278,10 @@ class BackgroundCheckpointer:
 
     def wal_bytes(self) -> int:
         """The size of the database's `-wal` file (0 if there is none). A checkpoint does not
-        shrink it; only a truncating one, or the last connection closing, does."""
+        shrink it; only a truncating one, or the last connection closing, does. SQLite keeps it
+        beside the file a link to the database leads to."""
         try:
-            return os.stat(f'{self._database}-wal').st_size
+            return os.stat(f'{os.path.realpath(self._database)}-wal').st_size
         except FileNotFoundError:
             return 0
 

@@ -261,6 +261,26 @@ async def test_a_relative_path_keeps_naming_the_same_file_after_a_chdir(
     media.close()
 
 
+async def test_a_database_reached_through_a_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite follows a link to the database and keeps the WAL beside its target: a link to a file not
+    made yet gets it made, owner-only, and the store measures the WAL where it is."""
+    monkeypatch.setattr(sqlite_module, 'WAL_LIMIT_BYTES', 0)  # any WAL is too long: the next write truncates it
+    (tmp_path / 'real').mkdir()
+    link = tmp_path / 'runs.db'
+    link.symlink_to(tmp_path / 'real' / 'runs.db')
+    store = SqliteStepStore(database=link, media_store=None)
+    backend: Any = store.backend
+    await store.register_run(RunRecord(run_id='r'))
+    assert (tmp_path / 'real' / 'runs.db').stat().st_mode & 0o777 == 0o600
+    written = 0
+    while not backend._wal_too_long:  # a checkpoint check finds the WAL beside the link's target
+        assert written < 2 * sqlite_module._CHECKPOINT_EVERY  # pyright: ignore[reportPrivateUsage]
+        await store.append_event(StepEvent(run_id='r', kind='model_request_started', step_index=written))
+        written += 1
+    assert len(await store.list_events(run_id='r')) == written
+    store.close()
+
+
 async def test_concurrent_calls_from_many_tasks_share_the_connection(tmp_path: Path) -> None:
     import anyio
 
