@@ -131,6 +131,14 @@ class DatabaseLockedError(StepsError, sqlite3.OperationalError):
     """
 
 
+class DatabaseReadOnlyError(StepsError, PermissionError, sqlite3.OperationalError):
+    """A write to a SQLite database this process may only read (a read-only file or mount).
+
+    A `PermissionError`, and a `sqlite3.OperationalError` as SQLite's own error was; that error is its
+    `__cause__`. Reads of the database go on working.
+    """
+
+
 def shortened(value: object, limit: int = 200) -> str:
     """`repr(value)`, its middle cut out when long: a message quoting a huge value (a damaged stored
     field, a key) shows how it starts and ends and how long it is, not all of it."""

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ._errors import DatabaseLockedError
+from ._errors import DatabaseLockedError, DatabaseReadOnlyError
 from ._files import store_path
 
 BUSY_TIMEOUT_MS = 30_000
@@ -58,12 +58,41 @@ def open_database(
         enable_wal(connection)
     elif check is not None:
         try:
-            check(connection)
+            try:
+                check(connection)
+            except sqlite3.OperationalError as error:
+                immutable = immutable_uri(database, error)
+                if immutable is None:
+                    raise
+                connection.close()
+                connection = sqlite3.connect(immutable, uri=True, isolation_level=None, check_same_thread=False)
+                check(connection)
         except BaseException:
             connection.close()
             raise
     connection.execute(f'PRAGMA synchronous={"FULL" if durable else "NORMAL"}')
     return connection
+
+
+def immutable_uri(database: str, error: sqlite3.Error) -> str | None:
+    """A URI that reads a WAL database on a read-only file system, if `error` is SQLite failing to
+    open it there; `None` otherwise.
+
+    SQLite reads a WAL database through its `-shm` file, which it cannot create on a read-only mount
+    once the last writer has closed the database (and removed it). Opened `immutable`, SQLite reads
+    the file alone, which then holds every commit: no `-wal` file is left, and nothing can write there
+    meanwhile. Every write through it fails as SQLite's `attempt to write a readonly database`.
+    """
+    if getattr(error, 'sqlite_errorcode', 0) & 0xFF != sqlite3.SQLITE_CANTOPEN or database.startswith('file:'):
+        return None
+    real = os.path.realpath(database)
+    try:
+        read_only = os.statvfs(os.path.dirname(real)).f_flag & os.ST_RDONLY
+    except (OSError, AttributeError):  # pragma: no cover - no statvfs (Windows)
+        return None
+    if not read_only or os.path.lexists(real + '-wal'):
+        return None
+    return Path(real).as_uri() + '?immutable=1'
 
 
 def raise_if_lock_timed_out(
@@ -76,8 +105,19 @@ def raise_if_lock_timed_out(
     """Raise a `DatabaseLockedError` naming the file and the wait if `error` is SQLite's bare
     `database is locked` after the busy timeout, or naming the caller's open transaction if SQLite
     refused at once to make that transaction a write (no wait can help it); return otherwise.
-    `database` and `timeout_ms` default to what `connection` says (it must be given unless both are)."""
-    if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or isinstance(error, DatabaseLockedError):
+    `database` and `timeout_ms` default to what `connection` says (it must be given unless both are).
+    A write to a database this process may only read raises `DatabaseReadOnlyError` naming it."""
+    if isinstance(error, DatabaseLockedError | DatabaseReadOnlyError):
+        return
+    if error.sqlite_errorcode & 0xFF == sqlite3.SQLITE_READONLY:
+        where = database or database_file(connection) or ':memory:'
+        read_only = DatabaseReadOnlyError(
+            f'SQLite database {where!r} cannot be written by this process ({error}): the file, or the file '
+            'system or directory it is in, is read-only to it; reads of it still work'
+        )
+        read_only.sqlite_errorcode, read_only.sqlite_errorname = error.sqlite_errorcode, error.sqlite_errorname
+        raise read_only from error
+    if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
         return
     where = database or database_file(connection) or ':memory:'
     if error.sqlite_errorcode == sqlite3.SQLITE_BUSY_SNAPSHOT:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import (
     DatabaseLockedError,
+    DatabaseReadOnlyError,
     EffectAlreadyResolvedError,
     InvalidRecordError,
     InvalidRunIdError,
@@ -60,6 +61,7 @@ __getattr__ = lazy_loader(__name__, _LAZY)
 __all__ = [
     'ContinuableSnapshot',
     'DatabaseLockedError',
+    'DatabaseReadOnlyError',
     'EffectAlreadyResolvedError',
     'EffectResolution',
     'EventKind',

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...._errors import RunAlreadyExistsError, RunNotFoundError
 from ...._records import RunQuery
+from ...._sqlite import immutable_uri
 from ...backend import (
     STALE,
     SUPPRESSED,
@@ -365,11 +366,13 @@ class SqliteBackend(SqliteConnection):
         if header[:16] != b'SQLite format 3\x00':
             return Probe(exists=True, step_store=False, size_bytes=size, detail=f'{path} is not a SQLite database')
         try:
-            reader = sqlite3.connect(path.resolve().as_uri() + '?mode=ro', uri=True, timeout=5.0)
             try:
-                columns = Columns.read(reader)
-            finally:
-                reader.close()
+                columns = _read_columns(real.as_uri() + '?mode=ro')
+            except sqlite3.OperationalError as error:
+                immutable = immutable_uri(str(real), error)
+                if immutable is None:
+                    raise
+                columns = _read_columns(immutable)
         except sqlite3.Error as error:
             return _unreadable(path, real, size, error, wal=header[18:20] == b'\x02\x02')
         if not columns.has('runs'):
@@ -379,6 +382,14 @@ class SqliteBackend(SqliteConnection):
             detail = f"{path} holds tables that are not a step store's ({problem})"
             return Probe(exists=True, step_store=False, size_bytes=size, detail=detail)
         return Probe(exists=True, step_store=True, size_bytes=size)
+
+
+def _read_columns(uri: str) -> Columns:
+    reader = sqlite3.connect(uri, uri=True, timeout=5.0)
+    try:
+        return Columns.read(reader)
+    finally:
+        reader.close()
 
 
 def _unreadable(path: Path, real: Path, size: int, error: sqlite3.Error, *, wal: bool) -> Probe:
