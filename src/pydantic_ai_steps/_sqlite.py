@@ -17,13 +17,19 @@ BUSY_TIMEOUT_MS = 30_000
 """How long a store's own connection waits for another connection's write lock (both SQLite stores)."""
 
 
+def is_uri(database: str) -> bool:
+    """Whether SQLite takes `database` for a URI (`file:...`): opened with `uri=True`, so on every
+    build, not only those compiled to read URIs in plain file names."""
+    return database.startswith('file:')
+
+
 def database_path(value: object, owner: str) -> str:
     """A store's `database=` as it will be opened, for as long as the store lives: a relative path
     made absolute now. The store opens its connection lazily and reopens it after `close()`, and its
     checkpoint thread connects again each time: after an `os.chdir` a relative path would name
     another file (and create it). Not normalized: `..` after a link is the link target's parent."""
     path = store_path(value, owner, directory=False)
-    if path == ':memory:' or path.startswith('file:') or os.path.isabs(path):
+    if path == ':memory:' or is_uri(path) or os.path.isabs(path):
         return path
     return os.path.join(os.getcwd(), path)
 
@@ -42,7 +48,7 @@ def open_database(
     reads (an inspector) changes nothing in it. Then `synchronous` by `durable`.
     """
     new = False
-    if database != ':memory:' and not database.startswith('file:'):
+    if database != ':memory:' and not is_uri(database):
         path = Path(os.path.realpath(database))  # SQLite follows a link, and creates a missing target
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
@@ -52,7 +58,9 @@ def open_database(
         else:
             os.close(fd)
             new = True
-    connection = sqlite3.connect(database, isolation_level=None, check_same_thread=False, timeout=timeout)
+    connection = sqlite3.connect(
+        database, isolation_level=None, check_same_thread=False, timeout=timeout, uri=is_uri(database)
+    )
     if new:
         connection.execute('PRAGMA auto_vacuum = INCREMENTAL')
         enable_wal(connection)
@@ -83,7 +91,7 @@ def immutable_uri(database: str, error: sqlite3.Error) -> str | None:
     the file alone, which then holds every commit: no `-wal` file is left, and nothing can write there
     meanwhile. Every write through it fails as SQLite's `attempt to write a readonly database`.
     """
-    if getattr(error, 'sqlite_errorcode', 0) & 0xFF != sqlite3.SQLITE_CANTOPEN or database.startswith('file:'):
+    if getattr(error, 'sqlite_errorcode', 0) & 0xFF != sqlite3.SQLITE_CANTOPEN or is_uri(database):
         return None
     real = os.path.realpath(database)
     try:
@@ -294,6 +302,7 @@ class BackgroundCheckpointer:
         self._lock = threading.Lock()
         self._wanted = False
         self._thread: threading.Thread | None = None
+        self._wal_file: str | None = None
 
     def request(self) -> None:
         """Have a checkpoint run soon; returns at once."""
@@ -317,13 +326,20 @@ class BackgroundCheckpointer:
             thread.join()
 
     def wal_bytes(self) -> int:
-        """The size of the database's `-wal` file (0 if there is none). A checkpoint does not
-        shrink it; only a truncating one, or the last connection closing, does. SQLite keeps it
-        beside the file a link to the database leads to."""
+        """The size of the database's `-wal` file (0 if there is none, or none is `located` yet). A
+        checkpoint does not shrink it; only a truncating one, or the last connection closing, does."""
+        if self._wal_file is None:
+            return 0
         try:
-            return os.stat(f'{os.path.realpath(self._database)}-wal').st_size
+            return os.stat(self._wal_file).st_size
         except FileNotFoundError:
             return 0
+
+    def located(self, connection: sqlite3.Connection) -> None:
+        """Learn where the `-wal` file is from a connection to the database: beside the file SQLite
+        opened, which a link or a `file:` URI only leads to."""
+        path = database_file(connection)
+        self._wal_file = None if path is None else f'{path}-wal'
 
     def _loop(self) -> None:
         while True:
@@ -333,7 +349,9 @@ class BackgroundCheckpointer:
                     return
                 self._wanted = False
             with contextlib.suppress(sqlite3.Error):
-                checkpointer = sqlite3.connect(self._database, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+                checkpointer = sqlite3.connect(
+                    self._database, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, uri=is_uri(self._database)
+                )
                 try:
                     checkpoint_caught_up(checkpointer)
                 finally:

@@ -261,17 +261,23 @@ async def test_a_relative_path_keeps_naming_the_same_file_after_a_chdir(
     media.close()
 
 
-async def test_a_database_reached_through_a_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize('named_by', ['link', 'uri'])
+async def test_a_database_reached_through_a_link_or_a_uri(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named_by: str
+) -> None:
     """SQLite follows a link to the database and keeps the WAL beside its target: a link to a file not
-    made yet gets it made, owner-only, and the store measures the WAL where it is."""
+    made yet gets it made, owner-only, and the store measures the WAL where it is, as for a `file:` URI."""
     monkeypatch.setattr(sqlite_module, 'WAL_LIMIT_BYTES', 0)  # any WAL is too long: the next write truncates it
     (tmp_path / 'real').mkdir()
+    real = tmp_path / 'real' / 'runs.db'
     link = tmp_path / 'runs.db'
-    link.symlink_to(tmp_path / 'real' / 'runs.db')
-    store = SqliteStepStore(database=link, media_store=None)
+    link.symlink_to(real)
+    database = str(link) if named_by == 'link' else f'file:{real}?cache=private'
+    store = SqliteStepStore(database=database, media_store=None)
     backend: Any = store.backend
     await store.register_run(RunRecord(run_id='r'))
-    assert (tmp_path / 'real' / 'runs.db').stat().st_mode & 0o777 == 0o600
+    if named_by == 'link':
+        assert real.stat().st_mode & 0o777 == 0o600
     written = 0
     while not backend._wal_too_long:  # a checkpoint check finds the WAL beside the link's target
         assert written < 2 * sqlite_module._CHECKPOINT_EVERY  # pyright: ignore[reportPrivateUsage]

@@ -227,6 +227,8 @@ class SqliteConnection:
             # Checkpoints flush to disk: they run on a thread of their own every
             # `_CHECKPOINT_EVERY` commits, never inside a commit (see `BackgroundCheckpointer`).
             conn.execute('PRAGMA wal_autocheckpoint = 0')
+            if self._checkpointer is not None:
+                self._checkpointer.located(conn)
             self._connection = conn
         if self._columns is None:  # before anything below changes the database
             self._read_view(conn)
