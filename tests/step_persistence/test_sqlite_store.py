@@ -287,6 +287,27 @@ async def test_a_database_reached_through_a_link_or_a_uri(
     store.close()
 
 
+async def test_reading_a_database_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    """A read finds nothing, and leaves no file (nor folder) behind; once another store creates the
+    database, the same store reads what it holds."""
+    path = tmp_path / 'not-yet' / 'runs.db'
+    reader = SqliteStepStore(database=path)
+    assert await reader.list_runs() == []
+    assert await reader.get_run(run_id='a') is None
+    assert await reader.list_events(run_id='a') == []
+    assert await reader.latest_snapshot(run_id='a') is None
+    assert not path.parent.exists()
+    async with SqliteStepStore(database=path) as writer:
+        await writer.register_run(RunRecord(run_id='a'))
+        await writer.save_snapshot(snap('a', history(1)))
+    assert [run.run_id for run in await reader.list_runs()] == ['a']
+    latest = await reader.latest_snapshot(run_id='a')
+    assert latest is not None and dump(latest.messages) == dump(history(1))
+    await reader.register_run(RunRecord(run_id='b'))
+    assert len(await reader.list_runs()) == 2
+    reader.close()
+
+
 async def test_concurrent_calls_from_many_tasks_share_the_connection(tmp_path: Path) -> None:
     import anyio
 

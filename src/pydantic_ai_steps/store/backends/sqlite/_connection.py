@@ -14,6 +14,7 @@ durable store's calls are tried there too while its commits stay fast (`_offload
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -27,6 +28,7 @@ from ...._sqlite import (
     WriteTransaction,
     database_file,
     enable_wal,
+    is_uri,
     open_database,
     raise_if_lock_timed_out,
     truncate_wal,
@@ -82,6 +84,8 @@ class SqliteConnection:
         """The WAL's size at the last warning that it keeps growing (0: none since it was under the bound)."""
         self._checkpointer = BackgroundCheckpointer.for_database(database, 'pydantic-ai-steps-checkpoint')
         self._commits = FlushTimer() if durable else None
+        self._nothing: sqlite3.Connection | None = None
+        """What reads of a database file that does not exist read: an empty in-memory database."""
         """A durable store's write calls, each waiting for the disk: timed, to know where they run."""
 
     @property
@@ -99,6 +103,9 @@ class SqliteConnection:
                 self._connection = None
                 self._migrated = self._wal = False
                 self._columns = None
+            if self._nothing is not None:
+                self._nothing.close()
+                self._nothing = None
         if self._checkpointer is not None:
             self._checkpointer.wait()
 
@@ -219,6 +226,10 @@ class SqliteConnection:
         conn = self._connection
         if conn is None:
             assert self._database is not None
+            if not write and _missing(self._database):  # reading never creates the file, nor its folder
+                if self._nothing is None:
+                    self._nothing = sqlite3.connect(':memory:', check_same_thread=False)
+                return self._nothing
             conn = open_database(
                 self._database, durable=self.durable, timeout=_BUSY_TIMEOUT_MS / 1000, check=self._read_view
             )
@@ -282,6 +293,10 @@ class SqliteConnection:
             if not immediate:
                 return _AUTOCOMMIT
         return WriteTransaction(conn, _SAVEPOINT)
+
+
+def _missing(database: str) -> bool:
+    return database != ':memory:' and not is_uri(database) and not os.path.exists(database)
 
 
 def _schema_cookie(conn: sqlite3.Connection) -> int:
