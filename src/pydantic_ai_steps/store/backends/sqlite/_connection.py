@@ -84,9 +84,9 @@ class SqliteConnection:
         """The WAL's size at the last warning that it keeps growing (0: none since it was under the bound)."""
         self._checkpointer = BackgroundCheckpointer.for_database(database, 'pydantic-ai-steps-checkpoint')
         self._commits = FlushTimer() if durable else None
+        """A durable store's write calls, each waiting for the disk: timed, to know where they run."""
         self._nothing: sqlite3.Connection | None = None
         """What reads of a database file that does not exist read: an empty in-memory database."""
-        """A durable store's write calls, each waiting for the disk: timed, to know where they run."""
 
     @property
     def database(self) -> str | None:
